@@ -1,0 +1,10 @@
+"""pydflash2: DFlash2 speculative decoding for llama.cpp / GGUF models."""
+
+from __future__ import annotations
+
+from ._native import NativeError
+from .info import DrafterFileError, inspect_drafter, native_info
+
+__version__ = "0.1.0"
+
+__all__ = ["DrafterFileError", "NativeError", "inspect_drafter", "native_info", "__version__"]

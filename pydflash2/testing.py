@@ -1,0 +1,503 @@
+"""Small real models made on the spot, for tests, examples and benchmarks.
+
+- make_target_gguf: a tiny llama-architecture GGUF with a working byte-level
+  BPE tokenizer and a ChatML template; llama.cpp loads and generates from it.
+- make_drafter_checkpoint: a random DFlash2 (or DFlash1) drafter for that
+  target in the published Hugging Face layout (config.json + safetensors).
+- checkpoint_to_gguf: turns such a checkpoint into a dflash GGUF directly. It
+  is deliberately independent of pydflash2.convert so each can check the other.
+
+Nothing here is a mock: every file is a real GGUF or safetensors file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import gguf
+import ml_dtypes
+import numpy as np
+from safetensors.numpy import save_file
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|mask|>",
+    "<|pad|>",
+    "<|unused0|>",
+    "<|unused1|>",
+    "<|unused2|>",
+]
+BOS_ID = 0
+EOS_ID = 2
+MASK_ID = 3
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# Text the tokenizer's merges are learned from; any English will do.
+_CORPUS = (
+    "The quick brown fox jumps over the lazy dog. Speculative decoding drafts a block of tokens "
+    "and the target model verifies them in one pass, keeping the longest correct prefix. "
+    "A small drafter reads the hidden states of the target and proposes what comes next. "
+    "Once upon a time there was a little model that wanted to write faster than anyone else. "
+    "It learned to guess the next words, and when it guessed right, everyone was happy. "
+    "def main():\n    print('hello world')\n    return 0\n"
+    "The answer is 42. The capital of France is Paris. Water boils at 100 degrees Celsius. "
+)
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """Shape of the tiny llama-architecture target."""
+
+    n_layer: int = 4
+    n_embd: int = 64
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 128
+    n_ctx: int = 4096
+    n_merges: int = 160
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+    tied_embeddings: bool = True
+    seed: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """Shape of a random drafter checkpoint for a given target."""
+
+    version: int = 2
+    n_layer: int = 2
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 128
+    block_size: int = 8
+    target_layer_ids: tuple[int, ...] = (0, 2, 3)  # Hugging Face numbering
+    mask_token_id: int = MASK_ID
+    conv_kernel_size: int = 2
+    conv_group_size: int = 16
+    selector_rank: int = 8
+    selector_top_k: int = 4
+    rope_theta: float = 1_000_000.0
+    rms_eps: float = 1e-6
+    extra_config: dict = field(default_factory=dict)  # merged into dflash_config
+    seed: int = 1
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map (byte-level BPE)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    bs += list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs), strict=True))
+
+
+def _train_bpe(text: str, n_merges: int) -> list[tuple[str, str]]:
+    byte_map = bytes_to_unicode()
+    words = Counter(
+        tuple(byte_map[b] for b in w.encode("utf-8"))
+        for w in re.findall(r" ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+", text)
+    )
+    merges: list[tuple[str, str]] = []
+    for _ in range(n_merges):
+        pairs: Counter[tuple[str, str]] = Counter()
+        for w, c in words.items():
+            for a, b in zip(w, w[1:], strict=False):
+                pairs[(a, b)] += c
+        if not pairs:
+            break
+        best = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))[0]
+        merges.append(best)
+        new_words: Counter[tuple[str, ...]] = Counter()
+        for w, c in words.items():
+            out: list[str] = []
+            i = 0
+            while i < len(w):
+                if i + 1 < len(w) and (w[i], w[i + 1]) == best:
+                    out.append(w[i] + w[i + 1])
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            new_words[tuple(out)] += c
+        words = new_words
+    return merges
+
+
+def make_vocab(n_merges: int) -> tuple[list[str], list[int], list[str]]:
+    """(tokens, token types, merges) of a byte-level BPE vocabulary."""
+    byte_tokens = list(bytes_to_unicode().values())
+    merges = _train_bpe(_CORPUS, n_merges)
+    merged = []
+    seen = set(byte_tokens)
+    for a, b in merges:
+        if a + b not in seen:
+            seen.add(a + b)
+            merged.append(a + b)
+    tokens = SPECIAL_TOKENS + byte_tokens + merged
+    types = [int(gguf.TokenType.CONTROL)] * len(SPECIAL_TOKENS) + [int(gguf.TokenType.NORMAL)] * (
+        len(byte_tokens) + len(merged)
+    )
+    return tokens, types, [f"{a} {b}" for a, b in merges]
+
+
+# ---------------------------------------------------------------- target
+
+
+def make_target_gguf(path: str | Path, spec: TargetSpec = TargetSpec()) -> Path:
+    """Writes a tiny random llama-architecture target GGUF and returns its path."""
+    path = Path(path)
+    rng = np.random.default_rng(spec.seed)
+    tokens, types, merges = make_vocab(spec.n_merges)
+    V, H, F, D = len(tokens), spec.n_embd, spec.n_ff, spec.head_dim
+
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    w.add_name("pydflash2-tiny-target")
+    w.add_context_length(spec.n_ctx)
+    w.add_embedding_length(H)
+    w.add_block_count(spec.n_layer)
+    w.add_feed_forward_length(F)
+    w.add_head_count(spec.n_head)
+    w.add_head_count_kv(spec.n_head_kv)
+    w.add_rope_dimension_count(D)
+    w.add_rope_freq_base(spec.rope_theta)
+    w.add_layer_norm_rms_eps(spec.rms_eps)
+    w.add_vocab_size(V)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML_TEMPLATE)
+
+    def mat(rows: int, cols: int, scale: float) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", mat(V, H, 1.0))
+    w.add_tensor("output_norm.weight", norm(H))
+    if not spec.tied_embeddings:
+        w.add_tensor("output.weight", mat(V, H, 1.0))
+    s = 1.0 / np.sqrt(H)
+    for il in range(spec.n_layer):
+        p = f"blk.{il}."
+        w.add_tensor(p + "attn_norm.weight", norm(H))
+        w.add_tensor(p + "attn_q.weight", mat(spec.n_head * D, H, s))
+        w.add_tensor(p + "attn_k.weight", mat(spec.n_head_kv * D, H, s))
+        w.add_tensor(p + "attn_v.weight", mat(spec.n_head_kv * D, H, s))
+        w.add_tensor(p + "attn_output.weight", mat(H, spec.n_head * D, s))
+        w.add_tensor(p + "ffn_norm.weight", norm(H))
+        w.add_tensor(p + "ffn_gate.weight", mat(F, H, s))
+        w.add_tensor(p + "ffn_up.weight", mat(F, H, s))
+        w.add_tensor(p + "ffn_down.weight", mat(H, F, 1.0 / np.sqrt(F)))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def read_target_shape(target_gguf: str | Path) -> dict[str, int]:
+    """Hidden size, layer count and vocabulary size of a target GGUF."""
+    r = gguf.GGUFReader(str(target_gguf))
+    arch = r.get_field("general.architecture").contents()
+    return {
+        "n_embd": int(r.get_field(f"{arch}.embedding_length").contents()),
+        "n_layer": int(r.get_field(f"{arch}.block_count").contents()),
+        "n_vocab": len(r.get_field("tokenizer.ggml.tokens").data),
+    }
+
+
+# ---------------------------------------------------------------- drafter checkpoint
+
+_DTYPES = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}
+
+
+def drafter_tensors(spec: DrafterSpec, n_embd: int, n_vocab: int) -> dict[str, np.ndarray]:
+    """Random float32 weights under the published Hugging Face names."""
+    rng = np.random.default_rng(spec.seed)
+    H, F, V = n_embd, spec.n_ff, n_vocab
+    D = H // spec.n_head
+    n_tl = len(spec.target_layer_ids)
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    t: dict[str, np.ndarray] = {
+        "fc.weight": mat(H, n_tl * H),
+        "hidden_norm.weight": norm(H),
+        "norm.weight": norm(H),
+    }
+    for il in range(spec.n_layer):
+        p = f"layers.{il}."
+        t[p + "input_layernorm.weight"] = norm(H)
+        t[p + "post_attention_layernorm.weight"] = norm(H)
+        t[p + "self_attn.q_proj.weight"] = mat(spec.n_head * D, H)
+        t[p + "self_attn.k_proj.weight"] = mat(spec.n_head_kv * D, H)
+        t[p + "self_attn.v_proj.weight"] = mat(spec.n_head_kv * D, H)
+        t[p + "self_attn.o_proj.weight"] = mat(H, spec.n_head * D)
+        t[p + "self_attn.q_norm.weight"] = norm(D)
+        t[p + "self_attn.k_norm.weight"] = norm(D)
+        t[p + "mlp.gate_proj.weight"] = mat(F, H)
+        t[p + "mlp.up_proj.weight"] = mat(F, H)
+        t[p + "mlp.down_proj.weight"] = mat(H, F)
+        if spec.version == 2:
+            K, G = spec.conv_kernel_size, H // spec.conv_group_size
+            for conv in ("attention_conv", "mlp_conv"):
+                # identity kernel (tap 0 = 1) plus noise, so the math is exercised
+                base = 0.2 * rng.standard_normal((2, K, H))
+                base[:, 0, :] += 1.0
+                t[f"{p}{conv}.base_kernel"] = base.astype(np.float32)
+                t[f"{p}{conv}.kernel_projection.weight"] = 0.2 * mat(2 * K * G, H)
+    if spec.version == 2:
+        R = spec.selector_rank
+        t["candidate_selector.hidden_projection.weight"] = mat(R, H)
+        t["candidate_selector.predecessor_codebook"] = rng.standard_normal((V, R)).astype(np.float32)
+        t["candidate_selector.successor_codebook"] = rng.standard_normal((V, R)).astype(np.float32)
+    return t
+
+
+def drafter_config(spec: DrafterSpec, n_embd: int, n_vocab: int) -> dict:
+    dflash_config: dict = {
+        "block_size": spec.block_size,
+        "mask_token_id": spec.mask_token_id,
+        "target_layer_ids": list(spec.target_layer_ids),
+    }
+    if spec.version == 2:
+        dflash_config.update(
+            conv_kernel_size=spec.conv_kernel_size,
+            conv_group_size=spec.conv_group_size,
+            selector_rank=spec.selector_rank,
+            selector_top_k=spec.selector_top_k,
+        )
+    dflash_config.update(spec.extra_config)
+    return {
+        "architectures": ["DFlash2DraftModel" if spec.version == 2 else "DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": n_embd,
+        "num_hidden_layers": spec.n_layer,
+        "num_attention_heads": spec.n_head,
+        "num_key_value_heads": spec.n_head_kv,
+        "head_dim": n_embd // spec.n_head,
+        "intermediate_size": spec.n_ff,
+        "rms_norm_eps": spec.rms_eps,
+        "rope_theta": spec.rope_theta,
+        "vocab_size": n_vocab,
+        "max_position_embeddings": 4096,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "dflash_config": dflash_config,
+    }
+
+
+def make_drafter_checkpoint(
+    out_dir: str | Path,
+    target_gguf: str | Path,
+    spec: DrafterSpec = DrafterSpec(),
+    *,
+    dtype: str = "bf16",
+    shards: int = 1,
+) -> Path:
+    """Writes a random drafter for target_gguf in the Hugging Face layout
+    (config.json + model.safetensors, or shards + model.safetensors.index.json)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    shape = read_target_shape(target_gguf)
+    cfg = drafter_config(spec, shape["n_embd"], shape["n_vocab"])
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    tensors = {k: v.astype(_DTYPES[dtype]) for k, v in drafter_tensors(spec, shape["n_embd"], shape["n_vocab"]).items()}
+    if shards <= 1:
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        return out
+    names = list(tensors)
+    weight_map = {}
+    for i in range(shards):
+        part = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        chunk = {n: tensors[n] for n in names[i::shards]}
+        save_file(chunk, str(out / part), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(chunk, part))
+    total = sum(t.nbytes for t in tensors.values())
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+    )
+    return out
+
+
+# ---------------------------------------------------------------- direct GGUF writer
+
+
+def iter_checkpoint_tensors(ckpt_dir: str | Path) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, float32 array) for every tensor of a checkpoint, sharded or not."""
+    from safetensors import safe_open
+
+    ckpt = Path(ckpt_dir)
+    index = ckpt / "model.safetensors.index.json"
+    parts = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        if index.exists()
+        else sorted(p.name for p in ckpt.glob("*.safetensors"))
+    )
+    for part in parts:
+        with safe_open(str(ckpt / part), framework="np") as f:
+            for name in f.keys():
+                yield name, np.asarray(f.get_tensor(name), dtype=np.float32)
+
+
+def copy_tokenizer_metadata(target_gguf: str | Path, writer: gguf.GGUFWriter) -> None:
+    """Copies the target's tokenizer.* keys (vocab, merges, template...) into writer."""
+    r = gguf.GGUFReader(str(target_gguf))
+    for key, f in r.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        vtype = gguf.GGUFValueType(f.types[0])
+        sub = gguf.GGUFValueType(f.types[-1]) if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, f.contents(), vtype, sub)
+
+
+_HF_TO_GGUF_LAYER = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "attention_conv.base_kernel": "attn_conv_base",
+    "attention_conv.kernel_projection.weight": "attn_conv_proj.weight",
+    "mlp_conv.base_kernel": "ffn_conv_base",
+    "mlp_conv.kernel_projection.weight": "ffn_conv_proj.weight",
+}
+_HF_TO_GGUF_GLOBAL = {
+    "fc.weight": "fc.weight",
+    "hidden_norm.weight": "enc.output_norm.weight",
+    "norm.weight": "output_norm.weight",
+    "candidate_selector.hidden_projection.weight": "selector_hidden.weight",
+    "candidate_selector.predecessor_codebook": "selector_predecessor.weight",
+    "candidate_selector.successor_codebook": "selector_successor.weight",
+}
+
+
+def gguf_tensor_name(hf_name: str) -> str:
+    m = re.fullmatch(r"layers\.(\d+)\.(.+)", hf_name)
+    if m and m.group(2) in _HF_TO_GGUF_LAYER:
+        return f"blk.{m.group(1)}.{_HF_TO_GGUF_LAYER[m.group(2)]}"
+    if hf_name in _HF_TO_GGUF_GLOBAL:
+        return _HF_TO_GGUF_GLOBAL[hf_name]
+    raise KeyError(f"unknown drafter tensor {hf_name!r}")
+
+
+def checkpoint_to_gguf(
+    ckpt_dir: str | Path,
+    target_gguf: str | Path,
+    out_path: str | Path,
+    *,
+    matrix_dtype: str = "f32",
+    skip_tensors: tuple[str, ...] = (),
+    drop_keys: tuple[str, ...] = (),
+    override_keys: dict | None = None,
+) -> Path:
+    """Writes a dflash GGUF straight from a drafter checkpoint.
+
+    skip_tensors / drop_keys / override_keys make deliberately broken files for
+    the contract tests. Norms and conv base kernels stay f32 (elementwise ops);
+    matrices are written as matrix_dtype ("f32" or "f16")."""
+    ckpt = Path(ckpt_dir)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    dc = cfg.get("dflash_config", {})
+    H = cfg["hidden_size"]
+    n_head = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or H // n_head
+    arch = "dflash"
+
+    keys: dict[str, tuple[object, gguf.GGUFValueType]] = {
+        f"{arch}.block_count": (cfg["num_hidden_layers"], gguf.GGUFValueType.UINT32),
+        f"{arch}.context_length": (cfg.get("max_position_embeddings", 4096), gguf.GGUFValueType.UINT32),
+        f"{arch}.embedding_length": (H, gguf.GGUFValueType.UINT32),
+        f"{arch}.feed_forward_length": (cfg["intermediate_size"], gguf.GGUFValueType.UINT32),
+        f"{arch}.attention.head_count": (n_head, gguf.GGUFValueType.UINT32),
+        f"{arch}.attention.head_count_kv": (cfg["num_key_value_heads"], gguf.GGUFValueType.UINT32),
+        f"{arch}.attention.key_length": (head_dim, gguf.GGUFValueType.UINT32),
+        f"{arch}.attention.value_length": (head_dim, gguf.GGUFValueType.UINT32),
+        f"{arch}.attention.layer_norm_rms_epsilon": (cfg["rms_norm_eps"], gguf.GGUFValueType.FLOAT32),
+        f"{arch}.rope.freq_base": (cfg.get("rope_theta", 10000.0), gguf.GGUFValueType.FLOAT32),
+        f"{arch}.vocab_size": (cfg["vocab_size"], gguf.GGUFValueType.UINT32),
+        f"{arch}.block_size": (dc["block_size"], gguf.GGUFValueType.UINT32),
+        f"{arch}.target_layers": ([i + 1 for i in dc["target_layer_ids"]], gguf.GGUFValueType.ARRAY),
+        "tokenizer.ggml.mask_token_id": (dc["mask_token_id"], gguf.GGUFValueType.UINT32),
+    }
+    for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+        if k in dc:
+            keys[f"{arch}.{k}"] = (dc[k], gguf.GGUFValueType.UINT32)
+    if cfg.get("is_causal") is not None:
+        keys[f"{arch}.attention.causal"] = (bool(cfg["is_causal"]), gguf.GGUFValueType.BOOL)
+    for key, value in (override_keys or {}).items():
+        keys[key] = value
+    for key in drop_keys:
+        keys.pop(key, None)
+
+    w = gguf.GGUFWriter(str(out_path), arch=arch)
+    if "general.architecture" in drop_keys or "general.architecture" in (override_keys or {}):
+        w.kv_data[0].pop("general.architecture", None)
+    w.add_name("pydflash2-testing-drafter")
+    for key, (value, vtype) in keys.items():
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_array(key, value)
+        else:
+            w.add_key_value(key, value, vtype)
+    copy_tokenizer_metadata(target_gguf, w)
+
+    mat_dtype = {"f32": np.float32, "f16": np.float16}[matrix_dtype]
+    for hf_name, arr in iter_checkpoint_tensors(ckpt):
+        name = gguf_tensor_name(hf_name)
+        if name in skip_tensors:
+            continue
+        elementwise = arr.ndim == 1 or name.endswith("_conv_base")
+        w.add_tensor(name, arr if elementwise else arr.astype(mat_dtype))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(out_path)
+
+
+def describe(spec: TargetSpec | DrafterSpec) -> dict:
+    return asdict(spec)
