@@ -1,0 +1,39 @@
+"""Shared fixtures: tiny real models generated once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pydflash2 import testing
+
+
+@pytest.fixture(scope="session")
+def fixture_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def target_gguf(fixture_dir: Path) -> Path:
+    return testing.make_target_gguf(fixture_dir / "target.gguf")
+
+
+@pytest.fixture(scope="session")
+def drafter2_ckpt(fixture_dir: Path, target_gguf: Path) -> Path:
+    return testing.make_drafter_checkpoint(fixture_dir / "dflash2-hf", target_gguf, testing.DrafterSpec(version=2))
+
+
+@pytest.fixture(scope="session")
+def drafter1_ckpt(fixture_dir: Path, target_gguf: Path) -> Path:
+    return testing.make_drafter_checkpoint(fixture_dir / "dflash1-hf", target_gguf, testing.DrafterSpec(version=1))
+
+
+@pytest.fixture(scope="session")
+def drafter2_gguf(fixture_dir: Path, drafter2_ckpt: Path, target_gguf: Path) -> Path:
+    return testing.checkpoint_to_gguf(drafter2_ckpt, target_gguf, fixture_dir / "dflash2.gguf")
+
+
+@pytest.fixture(scope="session")
+def drafter1_gguf(fixture_dir: Path, drafter1_ckpt: Path, target_gguf: Path) -> Path:
+    return testing.checkpoint_to_gguf(drafter1_ckpt, target_gguf, fixture_dir / "dflash1.gguf")
