@@ -16,7 +16,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import gguf
@@ -431,15 +431,11 @@ def checkpoint_to_gguf(
     out_path: str | Path,
     *,
     matrix_dtype: str = "f32",
-    skip_tensors: tuple[str, ...] = (),
-    drop_keys: tuple[str, ...] = (),
-    override_keys: dict | None = None,
 ) -> Path:
     """Writes a dflash GGUF straight from a drafter checkpoint.
 
-    skip_tensors / drop_keys / override_keys make deliberately broken files for
-    the contract tests. Norms and conv base kernels stay f32 (elementwise ops);
-    matrices are written as matrix_dtype ("f32" or "f16")."""
+    Norms and conv base kernels stay f32 (elementwise ops); matrices are
+    written as matrix_dtype ("f32" or "f16")."""
     ckpt = Path(ckpt_dir)
     cfg = json.loads((ckpt / "config.json").read_text())
     dc = cfg.get("dflash_config", {})
@@ -469,14 +465,8 @@ def checkpoint_to_gguf(
             keys[f"{arch}.{k}"] = (dc[k], gguf.GGUFValueType.UINT32)
     if cfg.get("is_causal") is not None:
         keys[f"{arch}.attention.causal"] = (bool(cfg["is_causal"]), gguf.GGUFValueType.BOOL)
-    for key, value in (override_keys or {}).items():
-        keys[key] = value
-    for key in drop_keys:
-        keys.pop(key, None)
 
     w = gguf.GGUFWriter(str(out_path), arch=arch)
-    if "general.architecture" in drop_keys or "general.architecture" in (override_keys or {}):
-        w.kv_data[0].pop("general.architecture", None)
     w.add_name("pydflash2-testing-drafter")
     for key, (value, vtype) in keys.items():
         if vtype == gguf.GGUFValueType.ARRAY:
@@ -488,8 +478,6 @@ def checkpoint_to_gguf(
     mat_dtype = {"f32": np.float32, "f16": np.float16}[matrix_dtype]
     for hf_name, arr in iter_checkpoint_tensors(ckpt):
         name = gguf_tensor_name(hf_name)
-        if name in skip_tensors:
-            continue
         elementwise = arr.ndim == 1 or name.endswith("_conv_base")
         w.add_tensor(name, arr if elementwise else arr.astype(mat_dtype))
     w.write_header_to_file()
@@ -499,5 +487,45 @@ def checkpoint_to_gguf(
     return Path(out_path)
 
 
-def describe(spec: TargetSpec | DrafterSpec) -> dict:
-    return asdict(spec)
+def rewrite_gguf(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    drop_keys: tuple[str, ...] = (),
+    set_keys: dict[str, tuple[object, gguf.GGUFValueType]] | None = None,
+    drop_tensors: tuple[str, ...] = (),
+    replace_tensors: dict[str, np.ndarray] | None = None,
+) -> Path:
+    """Copies a GGUF with some keys/tensors dropped or replaced: how the tests
+    make files that break the contract in exactly one place."""
+    r = gguf.GGUFReader(str(src))
+    set_keys = dict(set_keys or {})
+    replace_tensors = dict(replace_tensors or {})
+    w = gguf.GGUFWriter(str(dst), arch="unused")
+    w.kv_data[0].clear()  # general.architecture is copied (or dropped) like any other key
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key in drop_keys:
+            continue
+        if key in set_keys:
+            value, vtype = set_keys.pop(key)
+            w.add_key_value(key, value, vtype)
+            continue
+        vtype = gguf.GGUFValueType(f.types[0])
+        sub = gguf.GGUFValueType(f.types[-1]) if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, f.contents(), vtype, sub)
+    for key, (value, vtype) in set_keys.items():
+        w.add_key_value(key, value, vtype)
+    for t in r.tensors:
+        if t.name in drop_tensors:
+            continue
+        if t.name in replace_tensors:
+            w.add_tensor(t.name, replace_tensors.pop(t.name))
+        else:
+            w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    for name, arr in replace_tensors.items():
+        w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(dst)

@@ -326,7 +326,15 @@ DrafterHParams check_dflash_contract(const gguf_context * g, uint64_t file_size)
     hp.logit_softcap = m.real_or(arch_key("final_logit_softcapping"), 0.0f);
     hp.embedding_scale = m.real_or(arch_key("embedding_scale"), 0.0f);
 
-    hp.version = gguf_find_tensor(g, "selector_hidden.weight") >= 0 ? 2 : 1;
+    // upstream keys DFlash2 on selector_hidden.weight; any other DFlash2-only
+    // tensor also counts, so a file missing just that tensor is reported as such
+    hp.version = 1;
+    for (const char * v2_name : {"selector_hidden.weight", "selector_predecessor.weight",
+                                 "selector_successor.weight", "blk.0.attn_conv_base"}) {
+        if (gguf_find_tensor(g, v2_name) >= 0) {
+            hp.version = 2;
+        }
+    }
     if (hp.version == 2) {
         hp.conv_kernel_size = static_cast<uint32_t>(m.integer(arch_key("conv_kernel_size"), 1, 64));
         hp.conv_group_size = static_cast<uint32_t>(m.integer(arch_key("conv_group_size"), 1, 1 << 20));
