@@ -529,3 +529,35 @@ def rewrite_gguf(
     w.write_tensors_to_file()
     w.close()
     return Path(dst)
+
+
+def write_demo_files(out_dir: str | Path) -> dict[str, Path]:
+    """The tiny target plus DFlash2/DFlash1 drafters (checkpoints and GGUFs)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    target = make_target_gguf(out / "target.gguf")
+    files = {"target": target}
+    for version in (2, 1):
+        ckpt = make_drafter_checkpoint(out / f"dflash{version}-hf", target, DrafterSpec(version=version))
+        files[f"dflash{version}_checkpoint"] = ckpt
+        files[f"dflash{version}"] = checkpoint_to_gguf(ckpt, target, out / f"dflash{version}.gguf")
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m pydflash2.testing",
+        description="Write a tiny random llama target GGUF and random DFlash2/DFlash1 drafters for it "
+        "(Hugging Face checkpoints and GGUFs) into OUT_DIR.",
+    )
+    parser.add_argument("out_dir")
+    args = parser.parse_args(argv)
+    for name, path in write_demo_files(args.out_dir).items():
+        print(f"{name:<20} {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
