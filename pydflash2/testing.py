@@ -88,7 +88,10 @@ class DrafterSpec:
     n_head_kv: int = 2
     n_ff: int = 128
     block_size: int = 8
-    target_layer_ids: tuple[int, ...] = (0, 2, 3)  # Hugging Face numbering
+    # Hugging Face numbering: id i taps the output of layer i, i.e. the input of
+    # layer i+1, and llama.cpp captures inputs of layers 0..n_layer-1 only, so
+    # ids run 0..n_layer-2 (the tiny target has 4 layers)
+    target_layer_ids: tuple[int, ...] = (0, 1, 2)
     mask_token_id: int = MASK_ID
     conv_kernel_size: int = 2
     conv_group_size: int = 16

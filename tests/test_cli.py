@@ -36,7 +36,7 @@ def test_info_on_drafter_prints_hyperparameters(tmp_path, drafter2_gguf) -> None
     lines = {line.split()[0]: line.split(None, 1)[1] for line in r.stdout.splitlines()[2:]}
     assert lines["selector_top_k"] == "4"
     assert lines["block_size"] == "8"
-    assert lines["target_layers"] == "[1, 3, 4]"
+    assert lines["target_layers"] == "[1, 2, 3]"
 
 
 def test_info_on_bad_file_exits_2(tmp_path, target_gguf) -> None:
