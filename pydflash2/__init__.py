@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 from ._native import NativeError
+from .drafter import Drafter, DrafterError, Proposal, Walk
 from .info import DrafterFileError, inspect_drafter, native_info
 
 __version__ = "0.1.0"
 
-__all__ = ["DrafterFileError", "NativeError", "inspect_drafter", "native_info", "__version__"]
+__all__ = [
+    "Drafter",
+    "DrafterError",
+    "DrafterFileError",
+    "Proposal",
+    "Walk",
+    "NativeError",
+    "inspect_drafter",
+    "native_info",
+    "__version__",
+]

@@ -10,6 +10,8 @@
 #ifndef PYDFLASH2_H
 #define PYDFLASH2_H
 
+#include <stdint.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -29,6 +31,57 @@ char * pdf2_native_info_json(void);
  * JSON object of hyperparameters on success, NULL (see pdf2_last_error) when
  * the file is unreadable or violates the contract. */
 char * pdf2_inspect_drafter_json(const char * path);
+
+/* ---- Drafter: the DFlash/DFlash2 forward pass as ggml graphs ----
+ * Integer return codes: 0 = success, -1 = failure (see pdf2_last_error);
+ * a failed call leaves the drafter usable and its cache unchanged. */
+typedef struct pdf2_drafter pdf2_drafter;
+
+/* Loads a drafter GGUF (contract-checked first) and wraps the target GGUF's
+ * token embedding / output head in place (mmap). device: NULL or "" = the
+ * first GPU ggml offers, else the CPU; otherwise a ggml device name ("CPU",
+ * "CUDA0", "Metal"...). n_ctx: context rows the drafter cache holds.
+ * n_threads <= 0: all cores. cache_f32: 0 = f16 K/V cache (as llama.cpp),
+ * 1 = f32. NULL on failure. */
+pdf2_drafter * pdf2_drafter_new(const char * drafter_path, const char * target_path, uint32_t n_ctx,
+                                int32_t n_threads, const char * device, int32_t cache_f32);
+void pdf2_drafter_free(pdf2_drafter * d);
+
+/* JSON: the drafter's hyperparameters / runtime info (device, cache...). */
+char * pdf2_drafter_hparams_json(const pdf2_drafter * d);
+char * pdf2_drafter_info_json(const pdf2_drafter * d);
+
+int32_t pdf2_drafter_n_cached(const pdf2_drafter * d);
+/* Position of the last cached row, -1 when empty. */
+int32_t pdf2_drafter_last_pos(const pdf2_drafter * d);
+/* Floats per feature row: n_target_layers * hidden size. */
+int32_t pdf2_drafter_feature_width(const pdf2_drafter * d);
+
+/* Appends n context rows: features [n][width] (target layer inputs,
+ * concatenated), positions strictly increasing and after the cache end. */
+int pdf2_drafter_inject(pdf2_drafter * d, const float * features, int64_t width, const int32_t * positions,
+                        int32_t n);
+/* Drops cached rows at positions >= pos. */
+int pdf2_drafter_truncate(pdf2_drafter * d, int32_t pos);
+
+/* Runs block [anchor, MASK x (n-1)] at positions pos..pos+n-1 (2 <= n <=
+ * block_size, pos after the cache end). The result stays in the drafter
+ * until the next propose: read it with get_lattice / get_logits / walk. */
+int pdf2_drafter_propose(pdf2_drafter * d, int32_t anchor, int32_t pos, int32_t n);
+
+/* DFlash2: candidates [n-1][k] and scores [n-1][k(pred)][k(cand)] of the last
+ * proposal, k = selector_top_k; row 0 of each position-1 matrix is the
+ * anchor's (all rows equal there). */
+int pdf2_drafter_get_lattice(const pdf2_drafter * d, int32_t * candidates, float * scores);
+/* DFlash1: logits [n-1][n_vocab] of the drafted positions. */
+int pdf2_drafter_get_logits(const pdf2_drafter * d, float * logits);
+
+/* Walks the last proposal. mode: 0 greedy (reference), 1 sample at
+ * temperature (seeded), 2 viterbi (best path). Writes tokens [n-1] and,
+ * when not NULL, the draft distributions q_ids/q [n-1][k] (k = selector_top_k
+ * for DFlash2, top_k for DFlash1; one-hot unless sampling). */
+int pdf2_drafter_walk(const pdf2_drafter * d, int32_t mode, float temperature, uint64_t seed, int32_t top_k,
+                      int32_t * tokens, int32_t * q_ids, float * q);
 
 /* cdef-end */
 

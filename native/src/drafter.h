@@ -1,0 +1,75 @@
+// Drafter: model + KV cache + cached graphs + scheduler. The C++ entry point
+// for the draft-verify loop: inject() committed target features, propose() a
+// block, walk() it; truncate() rolls the cache back.
+#pragma once
+
+#include "drafter_cache.h"
+#include "drafter_graph.h"
+#include "drafter_model.h"
+#include "selector_walk.h"
+
+#include <ggml-backend.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pdf2 {
+
+struct DrafterOptions {
+    std::string device;  // empty: first GPU, else CPU
+    int n_threads = 0;
+    uint32_t n_ctx = 4096;
+    ggml_type cache_type = GGML_TYPE_F16;
+};
+
+// Result of the last propose(): a lattice (DFlash2) or logits (DFlash1) of
+// the n-1 drafted positions.
+struct Proposal {
+    int32_t anchor = -1;
+    int32_t pos = -1;
+    int n = 0;  // block length; n-1 drafted positions
+    Lattice lattice;            // DFlash2
+    std::vector<float> logits;  // DFlash1: [n-1][n_vocab]
+    bool valid() const { return n > 0; }
+};
+
+class Drafter {
+  public:
+    Drafter(const std::string & drafter_path, const std::string & target_path, const DrafterOptions & opts);
+    ~Drafter();
+    Drafter(const Drafter &) = delete;
+    Drafter & operator=(const Drafter &) = delete;
+
+    const DrafterModel & model() const { return *model_; }
+    const DrafterHParams & hparams() const { return model_->hparams(); }
+    const DrafterCache & cache() const { return *cache_; }
+    int feature_width() const { return static_cast<int>(hparams().target_layers.size() * hparams().n_embd); }
+
+    // features: n rows of feature_width() floats; positions strictly increasing, after the cache end
+    void inject(const float * features, size_t width, const int32_t * positions, int n);
+    void truncate(int32_t pos);
+    const Proposal & propose(int32_t anchor, int32_t pos, int n);
+    const Proposal & last() const { return last_; }
+    // walks the last proposal; top_k applies to DFlash1 only (DFlash2 uses selector_top_k)
+    WalkResult walk(WalkMode mode, float temperature, uint64_t seed, int top_k) const;
+
+    std::string info_json() const;
+
+  private:
+    void compute(DrafterGraph & g, const std::function<void()> & set_inputs);
+    void fill_mask(std::vector<uint16_t> & mask, int n_kv, const int32_t * q_pos, int n, bool swa) const;
+
+    std::unique_ptr<DrafterModel> model_;
+    std::unique_ptr<DrafterCache> cache_;
+    ggml_backend_sched_t sched_ = nullptr;
+    std::map<int, std::unique_ptr<DrafterGraph>> inject_graphs_;
+    std::map<std::pair<int, int>, std::unique_ptr<DrafterGraph>> propose_graphs_;
+    Proposal last_;
+    std::vector<float> readback_;
+};
+
+}  // namespace pdf2

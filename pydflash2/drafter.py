@@ -1,0 +1,199 @@
+"""pydflash2.Drafter: the DFlash/DFlash2 drafter forward pass (native ggml graphs).
+
+    d = Drafter("dflash2.gguf", "target.gguf", n_ctx=4096)
+    d.inject(features, positions)          # committed target rows
+    p = d.propose(anchor, pos, n)          # Proposal: lattice (DFlash2) or logits (DFlash1)
+    w = d.walk(mode="greedy")              # Walk: tokens (+ draft distributions q)
+    d.truncate(pos)                        # roll the cache back
+
+Every failure raises DrafterError (a NativeError) with the native message and
+leaves the drafter usable.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _native
+from ._native import ffi, lib
+
+WALK_MODES = {"greedy": 0, "sample": 1, "viterbi": 2}
+
+
+class DrafterError(_native.NativeError):
+    """A drafter call failed (bad argument, mismatch, full cache...)."""
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One proposed block. DFlash2: candidates [n-1, k] (token ids) and scores
+    [n-1, k, k] (predecessor index, candidate index); at position 1 every
+    predecessor row is the anchor's. DFlash1: logits [n-1, n_vocab]."""
+
+    anchor: int
+    pos: int
+    n: int
+    candidates: np.ndarray | None = None
+    scores: np.ndarray | None = None
+    logits: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Walk:
+    """Drafted tokens [n-1] and per position the draft distribution q over q_ids
+    ([n-1, k]; one-hot for greedy/viterbi)."""
+
+    tokens: np.ndarray
+    q_ids: np.ndarray
+    q: np.ndarray
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise DrafterError(_native.last_error() or f"{what} failed")
+
+
+def _path(p: str | os.PathLike[str] | None) -> Any:
+    return ffi.NULL if p is None else os.fsencode(os.fspath(p))
+
+
+class Drafter:
+    """A DFlash/DFlash2 drafter on one ggml device.
+
+    drafter_path: the dflash GGUF; target_path: the target GGUF whose token
+    embedding and output head the drafter uses (mapped in place, not copied on
+    the CPU). device: None = first GPU ggml offers, else "CPU"; or a ggml device
+    name. cache_type: "f16" (as llama.cpp) or "f32"."""
+
+    def __init__(
+        self,
+        drafter_path: str | os.PathLike[str],
+        target_path: str | os.PathLike[str] | None,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        device: str | None = None,
+        cache_type: str = "f16",
+    ) -> None:
+        if cache_type not in ("f16", "f32"):
+            raise ValueError(f"cache_type must be 'f16' or 'f32', got {cache_type!r}")
+        if not 0 < int(n_ctx) < 2**32:
+            raise ValueError(f"n_ctx must be positive, got {n_ctx}")
+        dev = ffi.NULL if device is None else device.encode()
+        h = lib.pdf2_drafter_new(
+            _path(drafter_path), _path(target_path), int(n_ctx), int(n_threads or 0), dev, int(cache_type == "f32")
+        )
+        if h == ffi.NULL:
+            raise DrafterError(_native.last_error() or "loading the drafter failed")
+        self._h = ffi.gc(h, lib.pdf2_drafter_free)
+        self.hparams: dict[str, Any] = _native.take_json(lib.pdf2_drafter_hparams_json(self._h), "hparams")
+        self.version: int = int(self.hparams["version"])
+        self.block_size: int = int(self.hparams["block_size"])
+        self.n_vocab: int = int(self.hparams["n_vocab"])
+        self.feature_width: int = int(lib.pdf2_drafter_feature_width(self._h))
+        self._last_n = 0
+
+    # ---------------------------------------------------------------- state
+    @property
+    def info(self) -> dict[str, Any]:
+        return _native.take_json(lib.pdf2_drafter_info_json(self._h), "info")
+
+    @property
+    def device(self) -> str:
+        return str(self.info["device"])
+
+    @property
+    def n_cached(self) -> int:
+        return int(lib.pdf2_drafter_n_cached(self._h))
+
+    @property
+    def last_pos(self) -> int:
+        """Position of the last cached row (-1 when empty)."""
+        return int(lib.pdf2_drafter_last_pos(self._h))
+
+    def close(self) -> None:
+        if getattr(self, "_h", None) is not None:
+            lib.pdf2_drafter_free(ffi.gc(self._h, None))
+            self._h = None
+
+    def __enter__(self) -> Drafter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- cache
+    def inject(self, features: np.ndarray, positions: Any) -> None:
+        """Appends committed context rows: features [n, n_target_layers*H]
+        (float32), positions [n] strictly increasing after the cache end."""
+        f = np.ascontiguousarray(features, dtype=np.float32)
+        if f.ndim == 1:
+            f = f[None, :]
+        if f.ndim != 2:
+            raise DrafterError(f"features must be 2-D [n, width], got shape {f.shape}")
+        p = np.ascontiguousarray(np.atleast_1d(positions), dtype=np.int32)
+        if p.shape != (f.shape[0],):
+            raise DrafterError(f"positions has shape {p.shape}, expected ({f.shape[0]},) (one per feature row)")
+        rc = lib.pdf2_drafter_inject(
+            self._h, ffi.from_buffer("float[]", f), f.shape[1], ffi.from_buffer("int32_t[]", p), f.shape[0]
+        )
+        _check(rc, "inject")
+
+    def truncate(self, pos: int) -> None:
+        """Drops cached rows at positions >= pos."""
+        _check(lib.pdf2_drafter_truncate(self._h, int(pos)), "truncate")
+
+    # ---------------------------------------------------------------- drafting
+    def propose(self, anchor: int, pos: int, n: int | None = None) -> Proposal:
+        """Drafts block [anchor, MASK x (n-1)] at positions pos..pos+n-1."""
+        n = self.block_size if n is None else int(n)
+        _check(lib.pdf2_drafter_propose(self._h, int(anchor), int(pos), n), "propose")
+        self._last_n = n
+        P = n - 1
+        if self.version == 2:
+            k = int(self.hparams["selector_top_k"])
+            cand = np.empty((P, k), dtype=np.int32)
+            scores = np.empty((P, k, k), dtype=np.float32)
+            rc = lib.pdf2_drafter_get_lattice(
+                self._h, ffi.from_buffer("int32_t[]", cand), ffi.from_buffer("float[]", scores)
+            )
+            _check(rc, "get_lattice")
+            return Proposal(int(anchor), int(pos), n, candidates=cand, scores=scores)
+        logits = np.empty((P, self.n_vocab), dtype=np.float32)
+        _check(lib.pdf2_drafter_get_logits(self._h, ffi.from_buffer("float[]", logits)), "get_logits")
+        return Proposal(int(anchor), int(pos), n, logits=logits)
+
+    def walk(self, mode: str = "greedy", temperature: float = 1.0, seed: int = 0, top_k: int = 16) -> Walk:
+        """Walks the last proposal: "greedy" (the reference), "sample" at
+        temperature (q = softmax(score/T) over the k candidates), or "viterbi".
+        top_k: size of q for DFlash1 drafters (DFlash2 uses selector_top_k)."""
+        if mode not in WALK_MODES:
+            raise DrafterError(f"walk mode must be one of {sorted(WALK_MODES)}, got {mode!r}")
+        if self._last_n == 0:
+            raise DrafterError("walk: no proposal yet (call propose first)")
+        P = self._last_n - 1
+        k = int(self.hparams["selector_top_k"]) if self.version == 2 else int(top_k)
+        if k < 1:
+            raise DrafterError(f"top_k must be >= 1, got {top_k}")
+        tokens = np.empty(P, dtype=np.int32)
+        q_ids = np.empty((P, k), dtype=np.int32)
+        q = np.empty((P, k), dtype=np.float32)
+        rc = lib.pdf2_drafter_walk(
+            self._h,
+            WALK_MODES[mode],
+            float(temperature),
+            int(seed) & (2**64 - 1),
+            k,
+            ffi.from_buffer("int32_t[]", tokens),
+            ffi.from_buffer("int32_t[]", q_ids),
+            ffi.from_buffer("float[]", q),
+        )
+        _check(rc, "walk")
+        return Walk(tokens, q_ids, q)
+
+    def __repr__(self) -> str:
+        return f"Drafter(v{self.version}, device={self.device!r}, n_cached={self.n_cached})"
