@@ -1,0 +1,41 @@
+// Adaptive draft length: pick the number of drafted tokens n (0 = plain
+// decoding) that maximises expected committed tokens per second, from the
+// measured target verify cost t(B), the drafter cost d(n), and a running
+// per-position acceptance estimate.
+#pragma once
+
+#include <vector>
+
+namespace pdf2 {
+
+class DraftLengthPolicy {
+  public:
+    explicit DraftLengthPolicy(int max_draft);
+
+    // verify_s[B-1] = seconds for a target decode of B tokens (B = 1..max_draft+1);
+    // draft_s[n-1] = seconds for proposing a block with n drafts (n = 1..max_draft).
+    void set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s);
+    bool has_costs() const { return !verify_s_.empty(); }
+
+    // One verified block: n drafts offered, the first n_accepted accepted.
+    void observe(int n_drafted, int n_accepted);
+
+    // The n to draft next (0..max_draft); probes now and then while at 0 so
+    // that the acceptance estimate can recover when the text gets easier.
+    int choose();
+
+    // Conditional acceptance estimate of each position (1-based index i-1).
+    std::vector<double> acceptance() const;
+    double expected_tokens(int n) const;  // committed per step with n drafts (1 + accepted)
+    double expected_rate(int n) const;    // committed tokens per second
+
+  private:
+    int max_draft_;
+    std::vector<double> reached_;   // decayed count of blocks that reached position i
+    std::vector<double> accepted_;  // ... in which position i was accepted
+    std::vector<double> verify_s_;
+    std::vector<double> draft_s_;
+    int plain_streak_ = 0;
+};
+
+}  // namespace pdf2

@@ -1,0 +1,138 @@
+#include "target_runner.h"
+
+#include "errors.h"
+#include "llama_ext.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace pdf2 {
+
+namespace {
+
+// Architectures whose llama.cpp graph records layer inputs (res->t_layer_inp in
+// src/models/*.cpp of the pinned llama.cpp). Asking any other graph for them
+// aborts inside llama_decode, so it is refused up front.
+const char * const FEATURE_ARCHS[] = {
+    "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "gemma4", "muse-glimmer",
+    "deepseek4", "nemotron_h", "bailingmoe3", "hunyuan_vl", "gpt-oss", "lfm2", "minimax-01", "minimax-m2",
+    "mimo2", "nanbeige",
+};
+
+std::string model_arch(const llama_model * model) {
+    char buf[128] = {0};
+    if (llama_model_meta_val_str(model, "general.architecture", buf, sizeof(buf)) < 0) {
+        return "";
+    }
+    return buf;
+}
+
+}  // namespace
+
+TargetRunner::TargetRunner(llama_context * ctx, const std::vector<int32_t> & feature_layers)
+    : ctx_(ctx), layers_(feature_layers) {
+    if (ctx_ == nullptr) {
+        throw Error("target context is NULL");
+    }
+    const llama_model * model = llama_get_model(ctx_);
+    vocab_ = llama_model_get_vocab(model);
+    n_ctx_ = static_cast<int32_t>(llama_n_ctx(ctx_));
+    n_batch_ = static_cast<int32_t>(std::min(llama_n_batch(ctx_), llama_n_ubatch(ctx_)));
+    n_vocab_ = llama_vocab_n_tokens(vocab_);
+    n_embd_ = llama_model_n_embd(model);
+    n_layer_ = llama_model_n_layer(model);
+    if (!layers_.empty()) {
+        const std::string arch = model_arch(model);
+        bool supported = false;
+        for (const char * a : FEATURE_ARCHS) {
+            supported = supported || arch == a;
+        }
+        if (!supported) {
+            throw Error("target architecture '" + arch +
+                        "' does not expose layer inputs in this llama.cpp, so a DFlash drafter cannot read it");
+        }
+    }
+    for (const int32_t lid : layers_) {
+        // llama.cpp records the inputs of layers 0..n_layer-1
+        if (lid < 1 || lid >= n_layer_) {
+            throw Error("drafter taps target layer input " + std::to_string(lid) + " but the target has " +
+                        std::to_string(n_layer_) + " layers (capturable inputs: 1.." + std::to_string(n_layer_ - 1) +
+                        ")");
+        }
+    }
+    batch_ = llama_batch_init(n_batch_, 0, 1);
+    capture_features(!layers_.empty());
+}
+
+TargetRunner::~TargetRunner() {
+    capture_features(false);
+    llama_batch_free(batch_);
+}
+
+void TargetRunner::capture_features(bool on) {
+    if (on == capturing_) {
+        return;
+    }
+    for (const int32_t lid : layers_) {
+        llama_set_embeddings_layer_inp(ctx_, static_cast<uint32_t>(lid), on);
+    }
+    capturing_ = on;
+}
+
+void TargetRunner::decode(const llama_token * tokens, int32_t n, int32_t pos0, bool all_logits) {
+    if (n < 1 || n > n_batch_) {
+        throw Error("target batch of " + std::to_string(n) + " tokens (allowed 1.." + std::to_string(n_batch_) + ")");
+    }
+    if (pos0 < 0 || pos0 + n > n_ctx_) {
+        throw Error("target context is full (" + std::to_string(n_ctx_) + " tokens)");
+    }
+    batch_.n_tokens = n;
+    for (int32_t i = 0; i < n; ++i) {
+        if (tokens[i] < 0 || tokens[i] >= n_vocab_) {
+            throw Error("token id " + std::to_string(tokens[i]) + " is outside the target vocabulary");
+        }
+        batch_.token[i] = tokens[i];
+        batch_.pos[i] = pos0 + i;
+        batch_.n_seq_id[i] = 1;
+        batch_.seq_id[i][0] = 0;
+        batch_.logits[i] = (all_logits || i == n - 1) ? 1 : 0;
+    }
+    const int32_t rc = llama_decode(ctx_, batch_);
+    if (rc != 0) {
+        throw Error("target llama_decode failed (code " + std::to_string(rc) + ")");
+    }
+    last_n_ = n;
+    last_all_logits_ = all_logits;
+}
+
+const float * TargetRunner::logits(int32_t row) const {
+    const float * out = llama_get_logits_ith(ctx_, last_all_logits_ ? row : -1);
+    if (out == nullptr) {
+        throw Error("target produced no logits for row " + std::to_string(row));
+    }
+    return out;
+}
+
+void TargetRunner::features(int32_t row0, int32_t n, std::vector<float> & out) const {
+    const size_t width = static_cast<size_t>(feature_width());
+    out.resize(static_cast<size_t>(n) * width);
+    for (size_t k = 0; k < layers_.size(); ++k) {
+        const float * rows = llama_get_embeddings_layer_inp(ctx_, static_cast<uint32_t>(layers_[k]));
+        if (rows == nullptr) {
+            throw Error("target layer input " + std::to_string(layers_[k]) +
+                        " was not captured (is this target architecture supported by upstream's extraction?)");
+        }
+        for (int32_t i = 0; i < n; ++i) {
+            std::memcpy(out.data() + static_cast<size_t>(i) * width + k * static_cast<size_t>(n_embd_),
+                        rows + static_cast<size_t>(row0 + i) * static_cast<size_t>(n_embd_),
+                        static_cast<size_t>(n_embd_) * sizeof(float));
+        }
+    }
+}
+
+void TargetRunner::truncate(int32_t pos) { llama_memory_seq_rm(llama_get_memory(ctx_), 0, pos, -1); }
+
+void TargetRunner::clear() { llama_memory_clear(llama_get_memory(ctx_), true); }
+
+}  // namespace pdf2

@@ -1,0 +1,56 @@
+// TargetRunner: the target model's llama_context as the draft-verify loop
+// uses it. The context belongs to the caller (llama-cpp-python made it); this
+// class decodes batches into its sequence 0, hands out logit rows and the
+// captured layer inputs (the drafter's features), and rolls the cache back.
+#pragma once
+
+#include <llama.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace pdf2 {
+
+class TargetRunner {
+  public:
+    // feature_layers: target layer INPUT indices to capture (dflash.target_layers); empty = none.
+    TargetRunner(llama_context * ctx, const std::vector<int32_t> & feature_layers);
+    ~TargetRunner();
+    TargetRunner(const TargetRunner &) = delete;
+    TargetRunner & operator=(const TargetRunner &) = delete;
+
+    // Decodes tokens at positions pos0.. (n <= n_batch). Logits for every row when
+    // all_logits, else only for the last row. Throws pdf2::Error on failure.
+    void decode(const llama_token * tokens, int32_t n, int32_t pos0, bool all_logits);
+
+    const float * logits(int32_t row) const;  // row of the last decode that asked for logits
+
+    // Features of rows [row0, row0+n) of the last decode: n x (n_layers * n_embd) floats.
+    void features(int32_t row0, int32_t n, std::vector<float> & out) const;
+    int32_t feature_width() const { return static_cast<int32_t>(layers_.size()) * n_embd_; }
+
+    void truncate(int32_t pos);  // drop cache positions >= pos
+    void clear();
+
+    void capture_features(bool on);
+
+    int32_t n_ctx() const { return n_ctx_; }
+    int32_t n_batch() const { return n_batch_; }
+    int32_t n_vocab() const { return n_vocab_; }
+    int32_t n_embd() const { return n_embd_; }
+    int32_t n_layer() const { return n_layer_; }
+    const llama_vocab * vocab() const { return vocab_; }
+    llama_context * ctx() const { return ctx_; }
+
+  private:
+    llama_context * ctx_;
+    const llama_vocab * vocab_;
+    std::vector<int32_t> layers_;
+    llama_batch batch_;
+    int32_t n_ctx_, n_batch_, n_vocab_, n_embd_, n_layer_;
+    int32_t last_n_ = 0;
+    bool last_all_logits_ = false;
+    bool capturing_ = false;
+};
+
+}  // namespace pdf2
