@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .checkpoint import CheckpointError, load_mask_embedding, open_checkpoint
 from .target import TargetError, open_target
-from .validate import validate
+from .validate import validate, warnings
 from .writer import OUTTYPES, plan_tensors, write_gguf
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
@@ -118,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problems:
         return _fail(EXIT_INVALID, [*problems, f"{len(problems)} problem(s); nothing written"])
 
+    for w in warnings(ckpt, target):
+        print(f"warning: {w}", file=sys.stderr)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent)
     os.close(fd)
     tmp = Path(tmp_name)

@@ -27,6 +27,19 @@ def validate(ckpt: Checkpoint, target: Target) -> list[str]:
     return problems
 
 
+def warnings(ckpt: Checkpoint, target: Target) -> list[str]:
+    """Things that convert fine but may not run everywhere."""
+    out = []
+    last = [i for i in ckpt.dflash("target_layer_ids") or [] if i == target.n_layer - 1]
+    if last:
+        out.append(
+            f"target layer id {last[0]} is the target's last layer: it becomes dflash.target_layers "
+            f"{last[0] + 1} (= n_layer), whose input llama.cpp extracts only for a few architectures "
+            "(deepseek4, nemotron_h, mimo2); on llama/qwen3 targets upstream aborts"
+        )
+    return out
+
+
 def _config_problems(ckpt: Checkpoint) -> list[str]:
     cfg = ckpt.config
     out = [f"config.json: missing {k!r}" for k in _REQUIRED_CONFIG if k not in cfg]

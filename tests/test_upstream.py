@@ -89,12 +89,13 @@ def test_deterministic(runnable, target_gguf: Path) -> None:
     np.testing.assert_allclose(a.scores, b.scores, rtol=1e-5, atol=1e-5)
 
 
-def test_untappable_layer_is_an_error_not_an_abort(tmp_path: Path, target_gguf: Path) -> None:
+def test_untappable_layer_is_an_error_not_an_abort(tmp_path: Path, target_gguf: Path, capsys) -> None:
     # HF id 3 -> GGUF layer 4 == n_layer of the 4-layer llama target, whose input upstream
     # never extracts (it would GGML_ASSERT the whole process)
     spec = testing.DrafterSpec(target_layer_ids=(0, 2, 3))
     ckpt = testing.make_drafter_checkpoint(tmp_path / "ck", target_gguf, spec)
     out = tmp_path / "d.gguf"
     assert convert_main([str(ckpt), "--target", str(target_gguf), "-o", str(out), "--no-progress"]) == 0
+    assert "warning: target layer id 3 is the target's last layer" in capsys.readouterr().err
     with pytest.raises(UpstreamError, match="cannot be tapped"):
         UpstreamDrafter(target_gguf, out)
