@@ -1,14 +1,12 @@
 // C entry points of the drafter: thin, never-aborting wrappers of pdf2::Drafter.
 #include "drafter.h"
+#include "drafter_handle.h"
 #include "errors.h"
 
 #include "pydflash2.h"
 
 #include <algorithm>
 
-struct pdf2_drafter {
-    std::unique_ptr<pdf2::Drafter> impl;
-};
 
 namespace {
 
