@@ -83,6 +83,35 @@ int pdf2_drafter_get_logits(const pdf2_drafter * d, float * logits);
 int pdf2_drafter_walk(const pdf2_drafter * d, int32_t mode, float temperature, uint64_t seed, int32_t top_k,
                       int32_t * tokens, int32_t * q_ids, float * q);
 
+/* ---- Engine: the draft-verify loop over a llama-cpp-python target ----
+ * target_ctx: the target's llama_context * (e.g. llama_cpp.Llama._ctx.ctx).
+ * drafter: may be NULL when n_max = 0 (plain decoding through the same loop).
+ * n_max: drafts per block, -1 = adaptive. walk: -1 auto (sample when the target
+ * samples, else greedy), 0 greedy, 1 sample, 2 viterbi. q_top_k: support of a
+ * DFlash1 draft distribution. */
+typedef struct pdf2_engine pdf2_engine;
+
+pdf2_engine * pdf2_engine_new(void * target_ctx, pdf2_drafter * drafter, int32_t n_max, int32_t walk,
+                              int32_t q_top_k);
+void pdf2_engine_free(pdf2_engine * e);
+/* Largest number of drafts one step may verify; steps commit at most this + 1 tokens. */
+int32_t pdf2_engine_max_draft(pdf2_engine * e);
+/* Cost model for the adaptive draft length: verify_s[B-1] = target decode of B
+ * tokens (B = 1..max_draft+1), draft_s[n-1] = drafting n tokens. */
+int pdf2_engine_set_costs(pdf2_engine * e, const double * verify_s, int32_t n_verify, const double * draft_s,
+                          int32_t n_draft);
+/* Measures those costs at the current position (call after begin); restores the state. */
+int pdf2_engine_measure_costs(pdf2_engine * e, int32_t reps, double * verify_s, int32_t n_verify, double * draft_s,
+                              int32_t n_draft);
+/* Prefills the prompt; returns the first generated token, -1 on failure.
+ * temperature 0 = greedy; top_k <= 0, top_p 1, min_p 0 are off. */
+int32_t pdf2_engine_begin(pdf2_engine * e, const int32_t * prompt, int32_t n_prompt, float temperature,
+                          int32_t top_k, float top_p, float min_p, uint64_t seed);
+/* One draft-verify step: writes the committed tokens (max_out >= max_draft+1)
+ * and returns their number; 0 = context full; -1 = failure. */
+int32_t pdf2_engine_step(pdf2_engine * e, int32_t * out, int32_t max_out);
+char * pdf2_engine_stats_json(pdf2_engine * e);
+
 /* cdef-end */
 
 #ifdef __cplusplus

@@ -1,0 +1,75 @@
+// SpecEngine: the draft-verify loop (shared doc §4) over a target llama_context
+// made by llama-cpp-python and our Drafter. One step drafts a block, verifies
+// it in one target decode, commits the accepted prefix plus the bonus token,
+// rolls the target cache back, and feeds the committed rows to the drafter.
+#pragma once
+
+#include "draft_length.h"
+#include "drafter.h"
+#include "target_runner.h"
+#include "target_sampling.h"
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace pdf2 {
+
+struct EngineOptions {
+    int n_max = -1;  // drafts per block: -1 = adaptive, 0 = plain decoding
+    int walk = -1;   // WalkMode, or -1 = sample when the target samples, else greedy
+    int q_top_k = 16;  // DFlash1: support of the draft distribution when sampling
+};
+
+struct EngineStats {
+    int64_t n_prompt = 0;
+    int64_t n_generated = 0;  // tokens handed out, the first (from prefill) included
+    int64_t n_steps = 0;      // target forwards after prefill
+    int64_t n_spec_steps = 0; // ... of which verified a drafted block
+    std::vector<int64_t> drafted;   // per block position 1..block_size-1
+    std::vector<int64_t> accepted;
+    std::vector<int64_t> n_max_used;  // histogram over 0..block_size-1
+    double prefill_s = 0, draft_s = 0, verify_s = 0, inject_s = 0;
+};
+
+class SpecEngine {
+  public:
+    SpecEngine(llama_context * target, Drafter * drafter, const EngineOptions & opts);
+
+    void set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s);
+    // Times target decodes of B = 1..max_draft+1 tokens and drafter blocks of n = 1..max_draft
+    // drafts at the current position (after begin()); restores the state.
+    void measure_costs(int reps, std::vector<double> & verify_s, std::vector<double> & draft_s);
+
+    // Prefills the prompt (target + drafter) and returns the first generated token.
+    llama_token begin(const std::vector<llama_token> & prompt, const SamplingParams & sampling);
+    // One draft-verify step: appends the committed tokens to out and returns how
+    // many (>= 1); 0 when the context is full.
+    int step(std::vector<llama_token> & out);
+
+    int max_draft() const { return max_draft_; }
+    int32_t position() const { return pos_; }
+    const EngineStats & stats() const { return stats_; }
+    std::string stats_json() const;
+
+  private:
+    int choose_n_draft();
+    void inject_rows(int32_t row0, int32_t n, int32_t pos0);
+
+    TargetRunner target_;
+    Drafter * drafter_;  // may be null: plain decoding only
+    EngineOptions opts_;
+    int max_draft_ = 0;
+    bool feed_drafter_ = false;  // inject committed rows (false for fixed plain decoding)
+    DraftLengthPolicy policy_;
+    std::unique_ptr<TargetSampler> sampler_;
+    EngineStats stats_;
+    int32_t pos_ = 0;
+    llama_token anchor_ = -1;
+    bool started_ = false;
+    std::vector<float> feat_;
+    std::vector<llama_token> batch_;
+};
+
+}  // namespace pdf2
