@@ -1,0 +1,101 @@
+"""Our drafter graph against upstream llama.cpp's own dflash drafter
+(pydflash2.upstream), fed identical features from a real target decode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pydflash2 import Drafter, testing
+
+upstream = pytest.importorskip("pydflash2.upstream")
+
+# upstream taps target layer INPUTS 0..n_layer-1 on a llama target: HF ids 0..n_layer-2
+SPEC_LAYERS = (0, 1, 2)
+
+
+@pytest.fixture(scope="module")
+def parity_drafters(tmp_path_factory: pytest.TempPathFactory, target_gguf: Path) -> dict[int, Path]:
+    d = tmp_path_factory.mktemp("parity")
+    out = {}
+    for v in (1, 2):
+        ck = testing.make_drafter_checkpoint(
+            d / f"ck{v}", target_gguf, testing.DrafterSpec(version=v, target_layer_ids=SPEC_LAYERS, seed=10 + v)
+        )
+        out[v] = testing.checkpoint_to_gguf(ck, target_gguf, d / f"dflash{v}.gguf")
+    return out
+
+
+def _compare(ours: Drafter, up, anchor: int, pos: int, n: int) -> None:
+    ref = up.draft(anchor, pos, n)
+    prop = ours.propose(anchor, pos, n)
+    if ours.version == 1:
+        want = ref[1:]
+        got = prop.logits
+        for i in range(n - 1):
+            assert set(np.argsort(-got[i])[:4].tolist()) == set(np.argsort(-want[i])[:4].tolist()), f"top-k at {i + 1}"
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * float(np.abs(want).max()))
+        return
+    k = prop.candidates.shape[1]
+    for i in range(n - 1):
+        assert set(prop.candidates[i].tolist()) == set(ref.candidates[i].tolist()), f"candidates at position {i + 1}"
+    scale = float(np.abs(ref.scores).max())
+    for i in range(n - 1):
+        up_idx = {int(t): j for j, t in enumerate(ref.candidates[i])}
+        perm_c = [up_idx[int(t)] for t in prop.candidates[i]]
+        if i == 0:
+            rows_ours, rows_up = [0], [0]
+        else:
+            prev_up = {int(t): j for j, t in enumerate(ref.candidates[i - 1])}
+            rows_ours = list(range(k))
+            rows_up = [prev_up[int(t)] for t in prop.candidates[i - 1]]
+        got = prop.scores[i][rows_ours]
+        want = ref.scores[i][rows_up][:, perm_c]
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * scale, err_msg=f"scores at position {i + 1}")
+    assert ours.walk("greedy").tokens.tolist() == ref.greedy_path()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_parity_with_upstream(version: int, parity_drafters: dict[int, Path], target_gguf: Path) -> None:
+    path = parity_drafters[version]
+    rng = np.random.default_rng(version)
+    with upstream.UpstreamDrafter(target_gguf, path, n_ctx=256, n_threads=2) as up:
+        ours = Drafter(path, target_gguf, n_ctx=256, n_threads=2, device="CPU")
+        V = up.n_vocab
+        prompt = rng.integers(8, V, size=20).tolist()
+        feats, logits = up.target_decode(prompt, 0)
+        up.inject(feats, range(len(prompt)))
+        ours.inject(feats, np.arange(len(prompt)))
+        pos = len(prompt)
+        anchor = int(np.argmax(logits[-1]))
+        for n in range(2, ours.block_size + 1):
+            _compare(ours, up, anchor, pos, n)
+
+        # several draft/commit rounds, with rollbacks of rejected rows
+        for _round in range(3):
+            drafted = ours.walk("greedy").tokens.tolist() if ours.version == 2 else []
+            block = [anchor] + (drafted or rng.integers(8, V, size=3).tolist())[:3]
+            feats, logits = up.target_decode(block, pos)
+            # accept anchor + 1 draft: roll the target back past the rest
+            n_acc = 2
+            up.truncate(pos + n_acc, drafter=False)
+            up.inject(feats[:n_acc], range(pos, pos + n_acc))
+            ours.inject(feats[:n_acc], np.arange(pos, pos + n_acc))
+            anchor = int(np.argmax(logits[n_acc - 1]))
+            pos += n_acc
+            _compare(ours, up, anchor, pos, ours.block_size)
+
+        # drafter-side rollback: drop committed rows and recommit different ones
+        up.truncate(pos - 3)
+        ours.truncate(pos - 3)
+        pos -= 3
+        assert ours.last_pos == pos - 1 == up.pos_max("drafter")
+        block = rng.integers(8, V, size=4).tolist()
+        feats, logits = up.target_decode(block, pos)
+        up.inject(feats, range(pos, pos + 4))
+        ours.inject(feats, np.arange(pos, pos + 4))
+        pos += 4
+        for n in (2, 3, ours.block_size):
+            _compare(ours, up, int(np.argmax(logits[-1])), pos, n)
