@@ -102,8 +102,16 @@ class RefDrafter:
             if self.v2:
                 dyn = u @ w[p + "attn_conv_proj.weight"].T
                 a = self.conv(u, dyn, w[p + "attn_conv_base"], 0)
-            q = self.rope(self.rms((a @ w[p + "attn_q.weight"].T).reshape(n, self.n_head, self.D), w[p + "attn_q_norm.weight"]), pos)
-            k = self.rope(self.rms((a @ w[p + "attn_k.weight"].T).reshape(n, self.n_head_kv, self.D), w[p + "attn_k_norm.weight"]), pos)
+            q = self.rope(
+                self.rms((a @ w[p + "attn_q.weight"].T).reshape(n, self.n_head, self.D), w[p + "attn_q_norm.weight"]),
+                pos,
+            )
+            k = self.rope(
+                self.rms(
+                    (a @ w[p + "attn_k.weight"].T).reshape(n, self.n_head_kv, self.D), w[p + "attn_k_norm.weight"]
+                ),
+                pos,
+            )
             v = (a @ w[p + "attn_v.weight"].T).reshape(n, self.n_head_kv, self.D)
             K = np.concatenate([self.ctx_k[il], k])
             V = np.concatenate([self.ctx_v[il], v])

@@ -94,5 +94,7 @@ def test_f16_cache_close_to_reference(drafter2_gguf, target_gguf) -> None:
     hidden, logits = ref.forward(17, 10, d.block_size)
     cand_sets, score = ref.selector(17, hidden, logits)
     for i in range(d.block_size - 1):
-        want = np.array([score(i, 17 if i == 0 else int(prop.candidates[i - 1, 0]), int(c)) for c in prop.candidates[i]])
+        want = np.array(
+            [score(i, 17 if i == 0 else int(prop.candidates[i - 1, 0]), int(c)) for c in prop.candidates[i]]
+        )
         np.testing.assert_allclose(prop.scores[i, 0], want, rtol=2e-2, atol=0.2)

@@ -39,19 +39,24 @@ Drafter::~Drafter() {
 }
 
 void Drafter::compute(DrafterGraph & g, const std::function<void()> & set_inputs) {
-    ggml_backend_sched_reset(sched_);
-    // a cached graph keeps the addresses of its previous allocation; the
-    // allocator would take them for pre-allocated tensors (and the compute
-    // buffer may have moved since), so every tensor of the graph is reset
-    for (ggml_tensor * t = ggml_get_first_tensor(g.ctx); t != nullptr; t = ggml_get_next_tensor(g.ctx, t)) {
-        t->data = nullptr;
-        t->buffer = nullptr;
-    }
-    if (!ggml_backend_sched_alloc_graph(sched_, g.gf)) {
-        throw Error("failed to allocate the drafter's compute buffers");
+    if (allocated_ != &g) {
+        allocated_ = nullptr;
+        ggml_backend_sched_reset(sched_);
+        // a cached graph keeps the addresses of its previous allocation; the
+        // allocator would take them for pre-allocated tensors (and the compute
+        // buffer may have moved since), so every tensor of the graph is reset
+        for (ggml_tensor * t = ggml_get_first_tensor(g.ctx); t != nullptr; t = ggml_get_next_tensor(g.ctx, t)) {
+            t->data = nullptr;
+            t->buffer = nullptr;
+        }
+        if (!ggml_backend_sched_alloc_graph(sched_, g.gf)) {
+            throw Error("failed to allocate the drafter's compute buffers");
+        }
+        allocated_ = &g;  // the same graph next time runs on this allocation as is
     }
     set_inputs();
     if (ggml_backend_sched_graph_compute(sched_, g.gf) != GGML_STATUS_SUCCESS) {
+        allocated_ = nullptr;
         throw Error("drafter graph computation failed");
     }
 }

@@ -68,6 +68,7 @@ class Drafter {
     ggml_backend_sched_t sched_ = nullptr;
     std::map<int, std::unique_ptr<DrafterGraph>> inject_graphs_;
     std::map<std::pair<int, int>, std::unique_ptr<DrafterGraph>> propose_graphs_;
+    const DrafterGraph * allocated_ = nullptr;  // graph the scheduler currently holds allocated
     Proposal last_;
     std::vector<float> readback_;
 };

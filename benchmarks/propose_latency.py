@@ -1,0 +1,95 @@
+"""Propose latency: our drafter graph vs upstream llama.cpp's drafter decode.
+
+Same drafter + target files, same injected context; for each block length n
+the two are timed interleaved (ours, upstream, ours, upstream, ...):
+  ours     = pdf2_drafter_propose (graph run + one read-back of the lattice)
+  upstream = llama_process of the block batch on upstream's drafter context
+             (batch building and the seq_rm rollback are outside the timing)
+Prints median times and the ratio ours/upstream (goal <= 1.0).
+
+    python benchmarks/propose_latency.py [--ctx 256] [--reps 50] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pydflash2 import Drafter, testing, upstream
+from pydflash2._native import lib
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ctx", type=int, default=256, help="context rows injected before drafting")
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--embd", type=int, default=256)
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="pdf2-bench-"))
+    tspec = testing.TargetSpec(n_layer=4, n_embd=args.embd, n_head=4, n_head_kv=2, n_ff=2 * args.embd)
+    target = testing.make_target_gguf(tmp / "target.gguf", tspec)
+    dspec = testing.DrafterSpec(
+        version=2,
+        block_size=16,
+        target_layer_ids=(0, 1, 2),
+        n_ff=2 * args.embd,
+        selector_top_k=8,
+        conv_group_size=32,
+        selector_rank=16,
+    )
+    ck = testing.make_drafter_checkpoint(tmp / "ck", target, dspec)
+    drafter = testing.checkpoint_to_gguf(ck, target, tmp / "dflash2.gguf")
+
+    up = upstream.UpstreamDrafter(target, drafter, n_ctx=args.ctx + 64, n_threads=args.threads)
+    ours = Drafter(drafter, target, n_ctx=args.ctx + 64, n_threads=args.threads)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(8, up.n_vocab, size=args.ctx).tolist()
+    feats, logits = up.target_decode(prompt, 0)
+    up.inject(feats, range(args.ctx))
+    ours.inject(feats, np.arange(args.ctx))
+    anchor, pos = int(np.argmax(logits[-1])), args.ctx
+    lc = up._lc
+
+    def run_upstream(n: int) -> float:
+        lc.llama_batch_ext_clear(up._batch_d)
+        for i in range(n):
+            up._add_token(up._batch_d, anchor if i == 0 else up.mask_token_id, pos + i, False)
+        t0 = time.perf_counter()
+        up._process(up.drafter_ctx, up._batch_d, "bench")
+        lat = upstream.ext.get_embeddings_nextn(up.drafter_ctx)
+        _ = lat[0]
+        dt = time.perf_counter() - t0
+        up._seq_rm(up.drafter_ctx, pos)
+        return dt
+
+    def run_ours(n: int) -> float:
+        t0 = time.perf_counter()
+        rc = lib.pdf2_drafter_propose(ours._h, anchor, pos, n)
+        dt = time.perf_counter() - t0
+        assert rc == 0
+        return dt
+
+    print(f"device={ours.device} threads={args.threads} H={args.embd} ctx={args.ctx} reps={args.reps}")
+    print(f"{'n':>3} {'ours ms':>9} {'upstream ms':>12} {'ratio':>7}")
+    for n in (4, 8, 16):
+        for _ in range(5):  # warm-up (graph build / allocation)
+            run_ours(n)
+            run_upstream(n)
+        t_o, t_u = [], []
+        for _ in range(args.reps):
+            t_o.append(run_ours(n))
+            t_u.append(run_upstream(n))
+        mo, mu = statistics.median(t_o) * 1e3, statistics.median(t_u) * 1e3
+        print(f"{n:>3} {mo:9.3f} {mu:12.3f} {mo / mu:7.2f}")
+    up.close()
+
+
+if __name__ == "__main__":
+    main()
