@@ -117,7 +117,7 @@ class Drafter:
 
     def close(self) -> None:
         if getattr(self, "_h", None) is not None:
-            lib.pdf2_drafter_free(ffi.gc(self._h, None))
+            ffi.release(self._h)
             self._h = None
 
     def __enter__(self) -> Drafter:

@@ -71,6 +71,10 @@ class TargetSpec:
     rope_theta: float = 10000.0
     rms_eps: float = 1e-6
     tied_embeddings: bool = True
+    # > 0: only this many tokens get full-size embeddings, the rest are shrunk,
+    # so the (tied) head favours a few tokens: text gets predictable enough for
+    # a random drafter to be right now and then, which exercises acceptance
+    n_hot_tokens: int = 0
     seed: int = 0
 
     @property
@@ -208,7 +212,13 @@ def make_target_gguf(path: str | Path, spec: TargetSpec = TargetSpec()) -> Path:
     def norm(n: int) -> np.ndarray:
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
-    w.add_tensor("token_embd.weight", mat(V, H, 1.0))
+    embd = mat(V, H, 1.0)
+    if spec.n_hot_tokens > 0:
+        hot = len(SPECIAL_TOKENS) + 256 + np.arange(spec.n_hot_tokens)  # the first merged tokens
+        scale = np.full((V, 1), 0.05, dtype=np.float32)
+        scale[hot] = 1.0
+        embd *= scale
+    w.add_tensor("token_embd.weight", embd)
     w.add_tensor("output_norm.weight", norm(H))
     if not spec.tied_embeddings:
         w.add_tensor("output.weight", mat(V, H, 1.0))

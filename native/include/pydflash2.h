@@ -93,7 +93,10 @@ typedef struct pdf2_engine pdf2_engine;
 
 pdf2_engine * pdf2_engine_new(void * target_ctx, pdf2_drafter * drafter, int32_t n_max, int32_t walk,
                               int32_t q_top_k);
+/* Frees the engine without touching the target context (it may be gone). */
 void pdf2_engine_free(pdf2_engine * e);
+/* Turns the target's layer-input capture off again; call while the target lives. */
+int pdf2_engine_release_target(pdf2_engine * e);
 /* Largest number of drafts one step may verify; steps commit at most this + 1 tokens. */
 int32_t pdf2_engine_max_draft(pdf2_engine * e);
 /* Cost model for the adaptive draft length: verify_s[B-1] = target decode of B

@@ -45,6 +45,13 @@ extern "C" pdf2_engine * pdf2_engine_new(void * target_ctx, pdf2_drafter * draft
 
 extern "C" void pdf2_engine_free(pdf2_engine * e) { delete e; }
 
+extern "C" int pdf2_engine_release_target(pdf2_engine * e) {
+    return pdf2::guarded<int>(-1, [&] {
+        get(e).release_target();
+        return 0;
+    });
+}
+
 extern "C" int32_t pdf2_engine_max_draft(pdf2_engine * e) {
     return pdf2::guarded<int32_t>(-1, [&] { return static_cast<int32_t>(get(e).max_draft()); });
 }

@@ -48,6 +48,9 @@ class SpecEngine {
     // many (>= 1); 0 when the context is full.
     int step(std::vector<llama_token> & out);
 
+    // Hands the target context back as it was (no layer-input capture).
+    void release_target() { target_.release(); }
+
     int max_draft() const { return max_draft_; }
     int32_t position() const { return pos_; }
     const EngineStats & stats() const { return stats_; }

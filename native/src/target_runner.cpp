@@ -65,10 +65,12 @@ TargetRunner::TargetRunner(llama_context * ctx, const std::vector<int32_t> & fea
     capture_features(!layers_.empty());
 }
 
-TargetRunner::~TargetRunner() {
-    capture_features(false);
-    llama_batch_free(batch_);
-}
+// The context belongs to the caller and may already be gone here (Python frees
+// objects in any order at exit), so it is not touched: release() turns the
+// capture off while the context is known to be alive.
+TargetRunner::~TargetRunner() { llama_batch_free(batch_); }
+
+void TargetRunner::release() { capture_features(false); }
 
 void TargetRunner::capture_features(bool on) {
     if (on == capturing_) {

@@ -33,6 +33,7 @@ class TargetRunner {
     void clear();
 
     void capture_features(bool on);
+    void release();  // stop capturing layer inputs (call while the context is alive)
 
     int32_t n_ctx() const { return n_ctx_; }
     int32_t n_batch() const { return n_batch_; }

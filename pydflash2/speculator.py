@@ -1,0 +1,298 @@
+"""Speculator: DFlash/DFlash2 speculative decoding over a llama-cpp-python target.
+
+    spec = Speculator(model="target.gguf", draft="drafter.gguf")
+    out = spec.generate("Why is the sky blue?", max_tokens=128)
+    out.text, out.tokens, out.finish_reason, out.stats
+    for piece in spec.stream("Tell me a story", temperature=0.7, seed=1):
+        print(piece, end="")
+
+The draft-verify loop runs in native code (pdf2_engine_*); this class turns
+prompts into tokens (chat template or raw), releases text through stop
+strings, and reports finish reasons and statistics.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import numpy as np
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from . import _native, draft_costs
+from ._native import ffi, lib
+from .drafter import Drafter
+from .text_stream import TextStream
+
+SELECTORS = {"auto": -1, "greedy": 0, "sample": 1, "viterbi": 2}
+FINISH_REASONS = ("stop", "length", "eos", "context")
+
+
+class GenerationError(_native.NativeError):
+    """The native loop failed (bad sampling parameters, context too small...)."""
+
+
+@dataclass
+class Completion:
+    text: str
+    tokens: list[int]
+    finish_reason: str  # "stop" | "length" | "eos" | "context"
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def _check(rc: int, what: str) -> int:
+    if rc < 0:
+        raise GenerationError(_native.last_error() or f"{what} failed")
+    return rc
+
+
+class Speculator:
+    """Speculative decoding with a DFlash/DFlash2 drafter.
+
+    model: a target GGUF path or a ready llama_cpp.Llama (its model, context and
+    tokenizer are reused: no second load). draft: a dflash GGUF, or None for
+    plain decoding through the same loop. n_max: drafts per block, "auto"
+    (adaptive: measured costs, running acceptance) or an int (0 = plain
+    decoding). selector: "auto" (greedy walk at temperature 0, sampled walk
+    otherwise), "greedy", "sample" or "viterbi"."""
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | llama_cpp.Llama,
+        draft: str | os.PathLike[str] | None = None,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        n_max: int | str = "auto",
+        selector: str = "auto",
+        device: str | None = None,
+        verbose: bool = False,
+    ) -> None:
+        if selector not in SELECTORS:
+            raise ValueError(f"selector must be one of {sorted(SELECTORS)}, got {selector!r}")
+        if n_max != "auto" and (not isinstance(n_max, int) or n_max < 0):
+            raise ValueError(f"n_max must be 'auto' or an int >= 0, got {n_max!r}")
+        if isinstance(model, llama_cpp.Llama):
+            self.llm = model
+        else:
+            path = Path(model)
+            if not path.is_file():
+                raise FileNotFoundError(f"target model not found: {path}")
+            self.llm = llama_cpp.Llama(
+                model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, n_batch=512, verbose=verbose
+            )
+        self.n_max = n_max
+        self.selector = selector
+        self.drafter: Drafter | None = None
+        self.draft_path = None if draft is None else os.fspath(draft)
+        if draft is not None and n_max != 0:
+            self.drafter = Drafter(
+                draft,
+                self.llm.model_path,
+                n_ctx=self.llm.n_ctx(),
+                n_threads=self.llm.context_params.n_threads,
+                device=device,
+            )
+        ctx_addr = ctypes.cast(self.llm._ctx.ctx, ctypes.c_void_p).value
+        handle = lib.pdf2_engine_new(
+            ffi.cast("void *", ctx_addr),
+            self.drafter._h if self.drafter is not None else ffi.NULL,
+            -1 if n_max == "auto" else int(n_max),
+            SELECTORS[selector],
+            16,
+        )
+        if handle == ffi.NULL:
+            raise GenerationError(_native.last_error())
+        self._engine = ffi.gc(handle, lib.pdf2_engine_free)
+        self.max_draft = int(lib.pdf2_engine_max_draft(self._engine))
+        self._out = np.zeros(self.max_draft + 1, dtype=np.int32)
+        self._vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
+        self.costs: dict[str, list[float]] | None = None
+        if n_max == "auto" and self.drafter is not None and self.max_draft > 0:
+            self.costs = draft_costs.load_or_measure(self)
+            self.set_costs(self.costs["verify_s"], self.costs["draft_s"])
+
+    def close(self) -> None:
+        """Frees the engine and drafter and returns the target context to plain
+        use (a Llama passed in stays usable)."""
+        if getattr(self, "_engine", None) is not None:
+            lib.pdf2_engine_release_target(self._engine)
+            ffi.release(self._engine)
+            self._engine = None
+        if self.drafter is not None:
+            self.drafter.close()
+            self.drafter = None
+
+    def __enter__(self) -> Speculator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ prompts
+
+    def tokenize_prompt(self, prompt: str | Sequence[int] | Sequence[dict[str, str]], chat: bool = True) -> list[int]:
+        """Token ids of a prompt: ids as given; messages or (chat=True) a string
+        through the model's chat template; else the raw string with BOS, like
+        Llama.tokenize(prompt.encode(), add_bos=True, special=True)."""
+        if isinstance(prompt, str):
+            if not chat:
+                return self.llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
+            messages: Sequence[dict[str, str]] = [{"role": "user", "content": prompt}]
+        elif len(prompt) > 0 and isinstance(prompt[0], dict):
+            messages = prompt  # type: ignore[assignment]
+        else:
+            ids = [int(t) for t in prompt]  # type: ignore[arg-type]
+            n_vocab = self.llm.n_vocab()
+            bad = [t for t in ids if not 0 <= t < n_vocab]
+            if bad:
+                raise ValueError(f"token ids outside the vocabulary (0..{n_vocab - 1}): {bad[:5]}")
+            return ids
+        template = self.llm.metadata.get("tokenizer.chat_template")
+        if not template:
+            raise ValueError("the target model has no chat template: pass chat=False (raw prompt) or token ids")
+        formatter = Jinja2ChatFormatter(
+            template=template,
+            eos_token=self._token_text(self.llm.token_eos()),
+            bos_token=self._token_text(self.llm.token_bos()),
+        )
+        result = formatter(messages=list(messages))
+        return self.llm.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True)
+
+    def _token_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return self.llm._model.token_get_text(token)
+
+    def _token_bytes(self, token: int) -> bytes:
+        return self.llm.detokenize([token])
+
+    # ------------------------------------------------------------ engine
+
+    def set_costs(self, verify_s: Sequence[float], draft_s: Sequence[float]) -> None:
+        v = np.ascontiguousarray(verify_s, dtype=np.float64)
+        d = np.ascontiguousarray(draft_s, dtype=np.float64)
+        _check(
+            lib.pdf2_engine_set_costs(
+                self._engine, ffi.from_buffer("double[]", v), len(v), ffi.from_buffer("double[]", d), len(d)
+            ),
+            "set_costs",
+        )
+
+    def measure_costs(self, prompt_tokens: Sequence[int], reps: int = 5) -> dict[str, list[float]]:
+        """Times target decodes of 1..max_draft+1 tokens and drafter blocks after prompt_tokens."""
+        self._begin(list(prompt_tokens), 0.0, 0, 1.0, 0.0, 0)
+        v = np.zeros(self.max_draft + 1, dtype=np.float64)
+        d = np.zeros(self.max_draft, dtype=np.float64)
+        _check(
+            lib.pdf2_engine_measure_costs(
+                self._engine, reps, ffi.from_buffer("double[]", v), len(v), ffi.from_buffer("double[]", d), len(d)
+            ),
+            "measure_costs",
+        )
+        self.llm.reset()
+        return {"verify_s": v.tolist(), "draft_s": d.tolist()}
+
+    def _begin(self, tokens: list[int], temperature: float, top_k: int, top_p: float, min_p: float, seed: int) -> int:
+        arr = np.ascontiguousarray(tokens, dtype=np.int32)
+        self.llm.reset()  # the Llama object must not trust its KV cache after we used it
+        return _check(
+            lib.pdf2_engine_begin(
+                self._engine, ffi.from_buffer("int32_t[]", arr), len(arr), temperature, top_k, top_p, min_p, seed
+            ),
+            "begin",
+        )
+
+    def _step(self) -> list[int]:
+        n = _check(lib.pdf2_engine_step(self._engine, ffi.from_buffer("int32_t[]", self._out), len(self._out)), "step")
+        return self._out[:n].tolist()
+
+    def engine_stats(self) -> dict[str, Any]:
+        return _native.take_json(lib.pdf2_engine_stats_json(self._engine), "stats")
+
+    # ------------------------------------------------------------ generation
+
+    def stream(
+        self,
+        prompt: str | Sequence[int] | Sequence[dict[str, str]],
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        chat: bool = True,
+    ) -> Iterator[str]:
+        """Yields text as it becomes final. When the generator is exhausted,
+        self.last holds the Completion. Closing it early leaves the Speculator
+        ready for the next request."""
+        if max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        tokens = self.tokenize_prompt(prompt, chat=chat)
+        if seed is None:
+            seed = int.from_bytes(os.urandom(8), "little") >> 1
+        t_start = time.perf_counter()
+        first = self._begin(tokens, float(temperature), int(top_k), float(top_p), float(min_p), int(seed))
+        ttft = time.perf_counter() - t_start
+        text = TextStream(self._token_bytes, stops)
+        out: list[int] = []
+        finish = "length"
+        pending = [first]
+        self.last: Completion | None = None
+        while True:
+            for tok in pending:
+                if llama_cpp.llama_vocab_is_eog(self._vocab, tok):
+                    finish = "eos"
+                    break
+                out.append(tok)
+                piece = text.push(tok)
+                if piece:
+                    yield piece
+                if text.stopped:
+                    finish = "stop"
+                    break
+                if len(out) >= max_tokens:
+                    finish = "length"
+                    break
+            else:
+                pending = self._step()
+                if pending:
+                    continue
+                finish = "context"
+            break
+        tail = text.finish()
+        if tail:
+            yield tail
+        elapsed = time.perf_counter() - t_start
+        self.llm.reset()
+        self.last = Completion(text=text.text, tokens=out, finish_reason=finish,
+                               stats=self._stats(len(out), ttft, elapsed))
+
+    def generate(self, prompt: str | Sequence[int] | Sequence[dict[str, str]], **kwargs: Any) -> Completion:
+        """Runs stream() to the end and returns the Completion."""
+        for _ in self.stream(prompt, **kwargs):
+            pass
+        assert self.last is not None
+        return self.last
+
+    def _stats(self, n_tokens: int, ttft: float, elapsed: float) -> dict[str, Any]:
+        s = self.engine_stats()
+        hist = s["n_max_histogram"]
+        decode_s = max(elapsed - ttft, 1e-9)
+        s.update(
+            n_max="auto" if self.n_max == "auto" else int(self.n_max),
+            n_max_mean=float(np.dot(np.arange(len(hist)), hist) / max(1, sum(hist))),
+            completion_tokens=n_tokens,
+            ttft_s=ttft,
+            total_s=elapsed,
+            tokens_per_second=(n_tokens - 1) / decode_s if n_tokens > 1 else 0.0,
+        )
+        return s
