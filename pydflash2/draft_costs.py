@@ -52,7 +52,11 @@ def load_or_measure(spec: Speculator, reps: int = 5) -> dict[str, Any]:
         except (OSError, ValueError):
             table = {}
     entry = table.get(key)
-    if entry and len(entry.get("verify_s", [])) == spec.max_draft + 1 and len(entry.get("draft_s", [])) == spec.max_draft:
+    if (
+        entry
+        and len(entry.get("verify_s", [])) == spec.max_draft + 1
+        and len(entry.get("draft_s", [])) == spec.max_draft
+    ):
         return entry
     prompt = spec.llm.tokenize(_WARMUP_TEXT.encode(), add_bos=True, special=False)
     prompt = prompt[: max(1, min(len(prompt), spec.llm.n_ctx() - spec.max_draft - 2))]

@@ -37,6 +37,8 @@ SPECIAL_TOKENS = [
 BOS_ID = 0
 EOS_ID = 2
 MASK_ID = 3
+# the first merged (multi-byte) tokens of the vocabulary
+FIRST_MERGED_ID = len(SPECIAL_TOKENS) + 256
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -71,10 +73,11 @@ class TargetSpec:
     rope_theta: float = 10000.0
     rms_eps: float = 1e-6
     tied_embeddings: bool = True
-    # > 0: only this many tokens get full-size embeddings, the rest are shrunk,
-    # so the (tied) head favours a few tokens: text gets predictable enough for
-    # a random drafter to be right now and then, which exercises acceptance
-    n_hot_tokens: int = 0
+    # when set, only these token ids keep full-size embeddings and the rest are
+    # shrunk, so the (tied) head favours a few tokens: text gets predictable
+    # enough for a random drafter to be right now and then (acceptance gets
+    # exercised), or, with the EOS id among them, generation ends early
+    hot_tokens: tuple[int, ...] = ()
     seed: int = 0
 
     @property
@@ -213,10 +216,9 @@ def make_target_gguf(path: str | Path, spec: TargetSpec = TargetSpec()) -> Path:
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
     embd = mat(V, H, 1.0)
-    if spec.n_hot_tokens > 0:
-        hot = len(SPECIAL_TOKENS) + 256 + np.arange(spec.n_hot_tokens)  # the first merged tokens
+    if spec.hot_tokens:
         scale = np.full((V, 1), 0.05, dtype=np.float32)
-        scale[hot] = 1.0
+        scale[list(spec.hot_tokens)] = 1.0
         embd *= scale
     w.add_tensor("token_embd.weight", embd)
     w.add_tensor("output_norm.weight", norm(H))

@@ -1,0 +1,274 @@
+"""The draft-verify loop end to end: lossless against plain llama.cpp decoding,
+stop handling, and clean failures. Targets and drafters are tiny real models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+import pytest
+from pydflash2.convert.cli import main as convert_main
+from scipy.stats import chi2_contingency
+
+from pydflash2 import testing
+from pydflash2.speculator import Completion, GenerationError, Speculator
+
+HOT = tuple(testing.FIRST_MERGED_ID + i for i in range(6))
+
+PROMPTS = [
+    "Once upon a time", "The answer is", "def main():", "Hello", "A small drafter", "Water boils at",
+    "The capital of France", "It learned to guess", "quick brown", "Speculative decoding drafts",
+    "print('hello world')", "and when it guessed right", "The target model verifies", "everyone was happy",
+    "100 degrees", "lazy dog", "a block of tokens", "the longest correct prefix", "Paris", "42",
+]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("spec")
+    target = testing.make_target_gguf(d / "target.gguf", testing.TargetSpec(hot_tokens=HOT))
+    v2 = testing.make_drafter_checkpoint(d / "v2-hf", target, testing.DrafterSpec(version=2))
+    v1 = testing.make_drafter_checkpoint(d / "v1-hf", target, testing.DrafterSpec(version=1, seed=7))
+    assert convert_main([str(v2), "--target", str(target), "-o", str(d / "v2-converted.gguf"), "--outtype", "f16"]) == 0
+    return {
+        "target": target,
+        "v2": testing.checkpoint_to_gguf(v2, target, d / "v2.gguf"),
+        "v1": testing.checkpoint_to_gguf(v1, target, d / "v1.gguf"),
+        "v2_converted": d / "v2-converted.gguf",
+    }
+
+
+@pytest.fixture(scope="module")
+def llm(models) -> llama_cpp.Llama:
+    return llama_cpp.Llama(str(models["target"]), n_ctx=512, n_batch=512, verbose=False)
+
+
+def plain_greedy(llm: llama_cpp.Llama, prompt: str, n: int) -> list[int]:
+    """Plain llama.cpp greedy decoding through llama-cpp-python, no pydflash2 code."""
+    tokens = llm.tokenize(prompt.encode(), add_bos=True, special=True)
+    out: list[int] = []
+    for tok in llm.generate(tokens, temp=0.0, top_k=0, top_p=1.0, min_p=0.0, reset=True):
+        if llm._model.token_is_eog(tok) if hasattr(llm._model, "token_is_eog") else tok == llm.token_eos():
+            break
+        out.append(tok)
+        if len(out) == n:
+            break
+    return out
+
+
+@pytest.fixture(scope="module")
+def references(llm) -> dict[str, list[int]]:
+    return {p: plain_greedy(llm, p, 24) for p in PROMPTS}
+
+
+@pytest.mark.parametrize("drafter", ["v2", "v1", "v2_converted"])
+def test_greedy_is_lossless(models, llm, references, drafter) -> None:
+    accepted = 0
+    for n_max in [1, 2, 3, 4, 5, 6, 7, "auto"]:
+        with Speculator(llm, models[drafter], n_max=n_max) as spec:
+            for prompt in PROMPTS:
+                out = spec.generate(prompt, max_tokens=24, chat=False)
+                assert out.tokens == references[prompt], (drafter, n_max, prompt)
+                accepted += sum(out.stats["accepted_per_position"])
+    # the hot-token target makes the random drafter right now and then: acceptance is exercised
+    assert accepted > 20
+
+
+def test_plain_decoding_through_the_engine(models, llm, references) -> None:
+    with Speculator(llm, None, n_max=0) as spec:
+        for prompt in PROMPTS[:5]:
+            out = spec.generate(prompt, max_tokens=24, chat=False)
+            assert out.tokens == references[prompt]
+            assert out.stats["n_spec_steps"] == 0
+
+
+def test_target_given_as_path(models, references) -> None:
+    with Speculator(str(models["target"]), models["v2"], n_ctx=256, n_max=3) as spec:
+        out = spec.generate(PROMPTS[0], max_tokens=24, chat=False)
+    assert out.tokens == references[PROMPTS[0]]
+
+
+def test_llama_object_is_reused_and_stays_usable(models, llm) -> None:
+    before = llm(PROMPTS[1], max_tokens=10, temperature=0.0)["choices"][0]["text"]
+    with Speculator(llm, models["v2"], n_max=4) as spec:
+        assert spec.llm is llm
+        out = spec.generate(PROMPTS[1], max_tokens=10, chat=False)
+    assert out.text == before
+    after = llm(PROMPTS[1], max_tokens=10, temperature=0.0)["choices"][0]["text"]
+    assert after == before
+
+
+def _first_tokens(sample, n_runs: int) -> list[tuple[int, int]]:
+    return [tuple(sample(seed)[1:3]) for seed in range(n_runs)]
+
+
+def test_sampling_follows_the_target_distribution(models, llm) -> None:
+    # Tokens 2 and 3 come out of draft verification (token 1 is sampled at prefill).
+    prompt = "Once upon a time"
+    params = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    n_runs = 1200
+    ptoks = llm.tokenize(prompt.encode(), add_bos=True, special=True)
+
+    def plain(seed: int) -> list[int]:
+        llm.set_seed(seed)
+        out = []
+        for tok in llm.generate(ptoks, temp=1.0, top_k=0, top_p=1.0, min_p=0.0, reset=True):
+            out.append(tok)
+            if len(out) == 3:
+                return out
+        return out
+
+    accepted = 0
+
+    def speculative(seed: int) -> list[int]:
+        nonlocal accepted
+        out = spec.generate(prompt, max_tokens=3, chat=False, seed=seed, **params)
+        accepted += sum(out.stats["accepted_per_position"])
+        return out.tokens
+
+    with Speculator(llm, models["v2"], n_max=4, selector="sample") as spec:
+        spec_runs = _first_tokens(speculative, n_runs)
+    plain_runs = _first_tokens(plain, n_runs)
+
+    for pos in (0, 1):
+        a = [r[pos] for r in spec_runs if len(r) > pos]
+        b = [r[pos] for r in plain_runs if len(r) > pos]
+        cats = sorted(set(a) | set(b))
+        table = np.array([[a.count(c) for c in cats], [b.count(c) for c in cats]])
+        keep = table.sum(axis=0) >= 10
+        table = np.column_stack([table[:, keep], table[:, ~keep].sum(axis=1)]) if (~keep).any() else table
+        table = table[:, table.sum(axis=0) > 0]
+        assert table.shape[1] >= 3, table
+        p_value = chi2_contingency(table)[1]
+        assert p_value > 0.001, (pos, table, p_value)
+    # drafts were accepted often enough for a biased verifier to show in the counts
+    assert accepted > n_runs // 4, accepted
+
+
+def test_sampling_is_reproducible(models, llm) -> None:
+    with Speculator(llm, models["v2"], n_max=3) as spec:
+        a = spec.generate("Hello", max_tokens=20, chat=False, temperature=0.9, seed=123, top_k=40)
+        b = spec.generate("Hello", max_tokens=20, chat=False, temperature=0.9, seed=123, top_k=40)
+    assert a.tokens == b.tokens
+
+
+def test_stop_string_split_across_tokens(models, llm, references) -> None:
+    ref_text = llm.detokenize(references[PROMPTS[0]]).decode("utf-8", "replace")
+    # a stop string that starts inside one token and ends in the next
+    pieces = [llm.detokenize([t]).decode("utf-8", "replace") for t in references[PROMPTS[0]]]
+    start = len(pieces[0]) + len(pieces[1]) - 1
+    stop = ref_text[start : start + 3]
+    assert stop and len(pieces[1]) >= 1
+    with Speculator(llm, models["v2"], n_max=5) as spec:
+        streamed = "".join(spec.stream(PROMPTS[0], max_tokens=24, chat=False, stop=[stop]))
+        out = spec.last
+    assert out is not None and out.finish_reason == "stop"
+    assert out.text == streamed == ref_text[: ref_text.index(stop)]
+    assert stop not in out.text
+
+
+def test_max_tokens(models, llm) -> None:
+    with Speculator(llm, models["v2"], n_max=7) as spec:
+        for n in (1, 2, 5, 9):
+            out = spec.generate("Hello", max_tokens=n, chat=False)
+            assert out.finish_reason == "length" and len(out.tokens) == n
+
+
+def test_eos_ends_generation(tmp_path) -> None:
+    target = testing.make_target_gguf(tmp_path / "t.gguf", testing.TargetSpec(hot_tokens=(testing.EOS_ID, *HOT[:2])))
+    ck = testing.make_drafter_checkpoint(tmp_path / "d", target)
+    draft = testing.checkpoint_to_gguf(ck, target, tmp_path / "d.gguf")
+    llm = llama_cpp.Llama(str(target), n_ctx=256, verbose=False)
+    finishes = []
+    with Speculator(llm, draft, n_max=3) as spec:
+        for prompt in PROMPTS:
+            out = spec.generate(prompt, max_tokens=64, chat=False)
+            finishes.append(out.finish_reason)
+            if out.finish_reason == "eos":
+                assert testing.EOS_ID not in out.tokens
+                assert out.tokens == plain_greedy(llm, prompt, 64)
+    assert "eos" in finishes
+
+
+def test_full_context_finishes_cleanly(models) -> None:
+    llm = llama_cpp.Llama(str(models["target"]), n_ctx=48, verbose=False)
+    with Speculator(llm, models["v2"], n_max=7) as spec:
+        prompt = llm.tokenize(b"Once upon a time", add_bos=True, special=True)
+        out = spec.generate(prompt, max_tokens=500)
+        assert out.finish_reason == "context"
+        # llama.cpp may round the context up; the last token is emitted but never decoded
+        assert len(prompt) + len(out.tokens) == llm.n_ctx() + 1
+        # still usable afterwards
+        again = spec.generate(prompt, max_tokens=5)
+        assert again.tokens == out.tokens[:5]
+
+
+def test_cancelled_stream_leaves_the_engine_reusable(models, llm, references) -> None:
+    with Speculator(llm, models["v2"], n_max=4) as spec:
+        gen = spec.stream(PROMPTS[2], max_tokens=24, chat=False)
+        next(gen)
+        gen.close()
+        out = spec.generate(PROMPTS[3], max_tokens=24, chat=False)
+    assert out.tokens == references[PROMPTS[3]]
+
+
+def test_chat_prompt_uses_the_template(models, llm) -> None:
+    with Speculator(llm, models["v2"], n_max=2) as spec:
+        ids = spec.tokenize_prompt("hi", chat=True)
+        text = llm.detokenize(ids, special=True).decode()
+        assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        out = spec.generate([{"role": "user", "content": "hi"}], max_tokens=4)
+        assert isinstance(out, Completion) and len(out.tokens) <= 4
+
+
+def test_stats_are_reported(models, llm) -> None:
+    with Speculator(llm, models["v2"], n_max=3) as spec:
+        out = spec.generate("Hello", max_tokens=20, chat=False)
+    s = out.stats
+    for key in ("tau", "n_max", "tokens_per_second", "ttft_s", "draft_s", "verify_s", "inject_s",
+                "drafted_per_position", "accepted_per_position"):
+        assert key in s
+    assert len(s["drafted_per_position"]) == 3
+    assert s["tau"] == pytest.approx((len(out.tokens) - 1) / s["n_steps"])
+    assert all(a <= d for a, d in zip(s["accepted_per_position"], s["drafted_per_position"], strict=True))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(temperature=-1.0), "temperature"),
+        (dict(temperature=0.7, top_p=0.0), "top_p"),
+        (dict(temperature=0.7, min_p=2.0), "min_p"),
+    ],
+)
+def test_bad_sampling_parameters(models, llm, kwargs, match) -> None:
+    with Speculator(llm, models["v2"], n_max=2) as spec:
+        with pytest.raises(GenerationError, match=match):
+            spec.generate("Hello", max_tokens=4, chat=False, **kwargs)
+        assert spec.generate("Hello", max_tokens=4, chat=False).finish_reason == "length"
+
+
+def test_bad_prompts(models, llm) -> None:
+    with Speculator(llm, models["v2"], n_max=2) as spec:
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            spec.generate([1, 2, 99999], max_tokens=4)
+        with pytest.raises(GenerationError, match="does not fit the context"):
+            spec.generate([5] * 600, max_tokens=4)
+        with pytest.raises(ValueError, match="max_tokens"):
+            spec.generate("Hello", max_tokens=0)
+
+
+def test_drafter_for_another_target_is_refused(tmp_path, llm) -> None:
+    other = testing.make_target_gguf(tmp_path / "other.gguf", testing.TargetSpec(n_embd=96, n_head=4))
+    ck = testing.make_drafter_checkpoint(tmp_path / "d", other)
+    draft = testing.checkpoint_to_gguf(ck, other, tmp_path / "d.gguf")
+    with pytest.raises(Exception, match="hidden size|does not match"):
+        Speculator(llm, draft, n_max=2)
+
+
+def test_bad_options(models, llm) -> None:
+    with pytest.raises(ValueError, match="selector"):
+        Speculator(llm, models["v2"], selector="beam")
+    with pytest.raises(ValueError, match="n_max"):
+        Speculator(llm, models["v2"], n_max=-3)
