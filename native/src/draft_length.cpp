@@ -8,14 +8,16 @@ namespace {
 constexpr double DECAY = 0.97;           // older blocks fade: acceptance drifts with the text
 constexpr double PRIOR_REACHED = 2.0;    // prior of 1 accepted in 2: an unknown drafter
 constexpr double PRIOR_ACCEPTED = 1.0;
-constexpr int PROBE_EVERY = 16;          // plain steps between probes
+constexpr int PROBE_FIRST = 16;          // plain steps before the first probe
+constexpr int PROBE_MAX = 512;           // ... and at most between probes
 constexpr int PROBE_DRAFT = 3;
 }  // namespace
 
 DraftLengthPolicy::DraftLengthPolicy(int max_draft)
     : max_draft_(std::max(0, max_draft)),
       reached_(static_cast<size_t>(std::max(0, max_draft)), PRIOR_REACHED),
-      accepted_(static_cast<size_t>(std::max(0, max_draft)), PRIOR_ACCEPTED) {}
+      accepted_(static_cast<size_t>(std::max(0, max_draft)), PRIOR_ACCEPTED),
+      probe_interval_(PROBE_FIRST) {}
 
 void DraftLengthPolicy::set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s) {
     verify_s_ = verify_s;
@@ -82,12 +84,15 @@ int DraftLengthPolicy::choose() {
         }
     }
     if (best == 0) {
-        if (++plain_streak_ >= PROBE_EVERY) {
+        if (++plain_streak_ >= probe_interval_) {
+            // probe; if plain decoding still wins afterwards, wait twice as long next time
             plain_streak_ = 0;
+            probe_interval_ = std::min(2 * probe_interval_, PROBE_MAX);
             return std::min(PROBE_DRAFT, max_draft_);
         }
     } else {
         plain_streak_ = 0;
+        probe_interval_ = PROBE_FIRST;
     }
     return best;
 }

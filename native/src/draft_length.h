@@ -36,6 +36,7 @@ class DraftLengthPolicy {
     std::vector<double> verify_s_;
     std::vector<double> draft_s_;
     int plain_streak_ = 0;
+    int probe_interval_;  // grows while probes keep confirming plain decoding
 };
 
 }  // namespace pdf2

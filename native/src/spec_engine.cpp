@@ -61,17 +61,28 @@ void SpecEngine::set_costs(const std::vector<double> & verify_s, const std::vect
     policy_.set_costs(verify_s, draft_s);
 }
 
-void SpecEngine::inject_rows(int32_t row0, int32_t n, int32_t pos0) {
+void SpecEngine::queue_rows(int32_t row0, int32_t n, int32_t pos0) {
     if (!feed_drafter_ || n <= 0) {
         return;
     }
     const auto t0 = Clock::now();
     target_.features(row0, n, feat_);
-    std::vector<int32_t> positions(static_cast<size_t>(n));
+    queued_features_.insert(queued_features_.end(), feat_.begin(), feat_.end());
     for (int32_t i = 0; i < n; ++i) {
-        positions[static_cast<size_t>(i)] = pos0 + i;
+        queued_positions_.push_back(pos0 + i);
     }
-    drafter_->inject(feat_.data(), static_cast<size_t>(target_.feature_width()), positions.data(), n);
+    stats_.inject_s += seconds_since(t0);
+}
+
+void SpecEngine::flush_rows() {
+    if (queued_positions_.empty()) {
+        return;
+    }
+    const auto t0 = Clock::now();
+    drafter_->inject(queued_features_.data(), static_cast<size_t>(target_.feature_width()), queued_positions_.data(),
+                     static_cast<int>(queued_positions_.size()));
+    queued_features_.clear();
+    queued_positions_.clear();
     stats_.inject_s += seconds_since(t0);
 }
 
@@ -92,7 +103,10 @@ llama_token SpecEngine::begin(const std::vector<llama_token> & prompt, const Sam
     started_ = false;
 
     const auto t0 = Clock::now();
+    target_.claim();
     target_.clear();
+    queued_features_.clear();
+    queued_positions_.clear();
     if (drafter_ != nullptr) {
         drafter_->truncate(0);
     }
@@ -100,7 +114,7 @@ llama_token SpecEngine::begin(const std::vector<llama_token> & prompt, const Sam
     for (int32_t at = 0; at < n; at += target_.n_batch()) {
         const int32_t chunk = std::min(target_.n_batch(), n - at);
         target_.decode(prompt.data() + at, chunk, at, false);
-        inject_rows(0, chunk, at);
+        queue_rows(0, chunk, at);
     }
     const float * logits = target_.logits(0);
     llama_token first;
@@ -140,6 +154,7 @@ int SpecEngine::step(std::vector<llama_token> & out) {
     std::vector<llama_token> drafts;
     std::vector<SparseDist> q;
     if (n > 0) {
+        flush_rows();
         const auto t0 = Clock::now();
         drafter_->propose(anchor_, pos_, n + 1);
         WalkMode mode = opts_.walk < 0 ? (greedy ? WalkMode::Greedy : WalkMode::Sample)
@@ -179,7 +194,7 @@ int SpecEngine::step(std::vector<llama_token> & out) {
     }
     stats_.verify_s += seconds_since(t1);
 
-    inject_rows(0, k + 1, pos_);  // anchor + accepted drafts are committed
+    queue_rows(0, k + 1, pos_);  // anchor + accepted drafts are committed
 
     for (int j = 0; j < k; ++j) {
         out.push_back(drafts[static_cast<size_t>(j)]);
@@ -213,6 +228,7 @@ void SpecEngine::measure_costs(int reps, std::vector<double> & verify_s, std::ve
     if (pos_ + max_b > target_.n_ctx()) {
         throw Error("context too small to measure costs");
     }
+    flush_rows();
     verify_s.assign(static_cast<size_t>(max_b), 0.0);
     draft_s.assign(static_cast<size_t>(max_draft_), 0.0);
     std::vector<llama_token> tokens(static_cast<size_t>(max_b), anchor_);

@@ -58,7 +58,11 @@ class SpecEngine {
 
   private:
     int choose_n_draft();
-    void inject_rows(int32_t row0, int32_t n, int32_t pos0);
+    // Committed rows are queued on the host and handed to the drafter in one
+    // batch right before it drafts: runs of plain steps (adaptive mode) then
+    // cost a memcpy per token instead of a drafter graph per token.
+    void queue_rows(int32_t row0, int32_t n, int32_t pos0);
+    void flush_rows();
 
     TargetRunner target_;
     Drafter * drafter_;  // may be null: plain decoding only
@@ -71,6 +75,8 @@ class SpecEngine {
     int32_t pos_ = 0;
     llama_token anchor_ = -1;
     bool started_ = false;
+    std::vector<float> queued_features_;
+    std::vector<int32_t> queued_positions_;
     std::vector<float> feat_;
     std::vector<llama_token> batch_;
 };

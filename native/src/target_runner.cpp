@@ -62,7 +62,6 @@ TargetRunner::TargetRunner(llama_context * ctx, const std::vector<int32_t> & fea
         }
     }
     batch_ = llama_batch_init(n_batch_, 0, 1);
-    capture_features(!layers_.empty());
 }
 
 // The context belongs to the caller and may already be gone here (Python frees
@@ -70,16 +69,19 @@ TargetRunner::TargetRunner(llama_context * ctx, const std::vector<int32_t> & fea
 // capture off while the context is known to be alive.
 TargetRunner::~TargetRunner() { llama_batch_free(batch_); }
 
-void TargetRunner::release() { capture_features(false); }
-
-void TargetRunner::capture_features(bool on) {
-    if (on == capturing_) {
-        return;
-    }
+void TargetRunner::release() {
     for (const int32_t lid : layers_) {
-        llama_set_embeddings_layer_inp(ctx_, static_cast<uint32_t>(lid), on);
+        llama_set_embeddings_layer_inp(ctx_, static_cast<uint32_t>(lid), false);
     }
-    capturing_ = on;
+}
+
+void TargetRunner::claim() {
+    // Several engines may share one context (e.g. a benchmark interleaving
+    // configurations): set every layer's capture to what this runner needs.
+    for (int32_t lid = 0; lid < n_layer_; ++lid) {
+        const bool want = std::find(layers_.begin(), layers_.end(), lid) != layers_.end();
+        llama_set_embeddings_layer_inp(ctx_, static_cast<uint32_t>(lid), want);
+    }
 }
 
 void TargetRunner::decode(const llama_token * tokens, int32_t n, int32_t pos0, bool all_logits) {

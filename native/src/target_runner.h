@@ -32,7 +32,7 @@ class TargetRunner {
     void truncate(int32_t pos);  // drop cache positions >= pos
     void clear();
 
-    void capture_features(bool on);
+    void claim();    // make the context capture exactly this runner's layers (before each request)
     void release();  // stop capturing layer inputs (call while the context is alive)
 
     int32_t n_ctx() const { return n_ctx_; }
@@ -51,7 +51,6 @@ class TargetRunner {
     int32_t n_ctx_, n_batch_, n_vocab_, n_embd_, n_layer_;
     int32_t last_n_ = 0;
     bool last_all_logits_ = false;
-    bool capturing_ = false;
 };
 
 }  // namespace pdf2

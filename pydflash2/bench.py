@@ -1,0 +1,147 @@
+"""`pydflash2 bench`: every configuration over a prompt set, interleaved so that
+machine noise hits all of them alike; ratios against plain decoding measured
+in the same run."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DEFAULT_PROMPTS = [
+    "Write a short story about a robot learning to paint.",
+    "Explain why the sky is blue in two sentences.",
+    "List five uses of a paperclip.",
+    "Write a Python function that reverses a string.",
+    "What is the capital of France, and what is it famous for?",
+    "Describe the water cycle.",
+    "Give me three tips for a job interview.",
+    "Translate 'good morning, how are you?' into French.",
+]
+
+
+def _parse_list(text: str, convert: Any) -> list[Any]:
+    return [convert(x.strip()) for x in text.split(",") if x.strip()]
+
+
+def _n_max_value(x: str) -> int | str:
+    return x if x == "auto" else int(x)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    import llama_cpp
+
+    from .speculator import Speculator
+
+    prompts = DEFAULT_PROMPTS
+    if args.prompts:
+        prompts = [line.strip() for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+    n_maxes = _parse_list(args.n_max, _n_max_value)
+    if 0 not in n_maxes:
+        n_maxes.insert(0, 0)
+    temperatures = _parse_list(args.temperature, float)
+    selectors = _parse_list(args.selector, str)
+    if not args.draft:
+        n_maxes = [0]
+
+    llm = llama_cpp.Llama(args.model, n_ctx=args.n_ctx, n_threads=args.threads, n_batch=512, verbose=False)
+    specs: dict[tuple[Any, str], Speculator] = {}
+    for n_max, selector in itertools.product(n_maxes, selectors):
+        key = (n_max, "-" if n_max == 0 else selector)
+        if key not in specs:
+            specs[key] = Speculator(llm, args.draft if n_max != 0 else None, n_max=n_max, selector=selector,
+                                    device=args.device)
+    configs = [(n, sel, t) for (n, sel) in specs for t in temperatures]
+
+    runs: dict[tuple[Any, str, float], list[dict[str, Any]]] = defaultdict(list)
+    for rep in range(args.repeats):
+        for i, prompt in enumerate(prompts):
+            for n_max, sel, temp in configs:
+                out = specs[(n_max, sel)].generate(prompt, max_tokens=args.max_tokens, temperature=temp,
+                                                   seed=1000 * rep + i, chat=not args.raw)
+                runs[(n_max, sel, temp)].append(out.stats)
+        print(f"repeat {rep + 1}/{args.repeats} done", file=sys.stderr)
+    for spec in specs.values():
+        spec.close()
+
+    results = []
+    for (n_max, sel, temp), stats in runs.items():
+        tokens = sum(s["completion_tokens"] - 1 for s in stats)
+        decode_s = sum(s["total_s"] - s["ttft_s"] for s in stats)
+        steps = sum(s["n_steps"] for s in stats)
+        width = len(stats[0]["drafted_per_position"])
+        drafted = np.sum([s["drafted_per_position"] for s in stats], axis=0) if width else []
+        accepted = np.sum([s["accepted_per_position"] for s in stats], axis=0) if width else []
+        results.append({
+            "n_max": n_max, "selector": sel, "temperature": temp, "runs": len(stats),
+            "tokens_per_second": tokens / max(decode_s, 1e-9),
+            "tau": tokens / max(steps, 1),
+            "ttft_s": float(np.mean([s["ttft_s"] for s in stats])),
+            "drafted_per_position": [int(x) for x in drafted],
+            "accepted_per_position": [int(x) for x in accepted],
+            "acceptance_per_position": [float(a) / d if d else None for a, d in zip(accepted, drafted, strict=True)],
+        })
+    for r in results:
+        base = next(b for b in results if b["n_max"] == 0 and b["temperature"] == r["temperature"])
+        r["speedup_vs_plain"] = r["tokens_per_second"] / base["tokens_per_second"]
+
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"model": args.model, "draft": args.draft, "prompts": len(prompts), "repeats": args.repeats,
+            "max_tokens": args.max_tokens}
+    (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    _plot(results, out_dir)
+    _print_table(results)
+    print(f"wrote {out_dir / 'bench.json'} and PNG plots", file=sys.stderr)
+    return 0
+
+
+def _label(r: dict[str, Any]) -> str:
+    sel = "" if r["n_max"] == 0 else f" {r['selector']}"
+    return f"n_max={r['n_max']}{sel} T={r['temperature']:g}"
+
+
+def _print_table(results: list[dict[str, Any]]) -> None:
+    print(f"{'configuration':<34} {'tok/s':>9} {'tau':>6} {'vs plain':>9}  acceptance per position")
+    for r in results:
+        acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["acceptance_per_position"])
+        print(f"{_label(r):<34} {r['tokens_per_second']:9.1f} {r['tau']:6.2f} {r['speedup_vs_plain']:8.2f}x  {acc}")
+
+
+def _plot(results: list[dict[str, Any]], out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [_label(r) for r in results]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 0.5 * len(results) + 2))
+    ax1.barh(labels, [r["tokens_per_second"] for r in results])
+    ax1.set_xlabel("tokens / s")
+    ax2.barh(labels, [r["tau"] for r in results])
+    ax2.set_xlabel("tau (committed tokens per target forward)")
+    ax2.set_yticklabels([])
+    fig.tight_layout()
+    fig.savefig(out_dir / "throughput.png", dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r, label in zip(results, labels, strict=True):
+        acc = r["acceptance_per_position"]
+        if acc and any(a is not None for a in acc):
+            xs = [i + 1 for i, a in enumerate(acc) if a is not None]
+            ax.plot(xs, [a for a in acc if a is not None], marker="o", label=label)
+    ax.set_xlabel("block position")
+    ax.set_ylabel("acceptance (given the positions before it were accepted)")
+    ax.set_ylim(0, 1.05)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "acceptance.png", dpi=100)
+    plt.close(fig)
