@@ -5,16 +5,20 @@ from __future__ import annotations
 from ._native import NativeError
 from .drafter import Drafter, DrafterError, Proposal, Walk
 from .info import DrafterFileError, inspect_drafter, native_info
+from .speculator import Completion, GenerationError, Speculator
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Completion",
     "Drafter",
     "DrafterError",
     "DrafterFileError",
     "Proposal",
     "Walk",
+    "GenerationError",
     "NativeError",
+    "Speculator",
     "inspect_drafter",
     "native_info",
     "__version__",

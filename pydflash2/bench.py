@@ -38,6 +38,7 @@ def run_bench(args: argparse.Namespace) -> int:
     import llama_cpp
 
     from .speculator import Speculator
+    from .testing import resolve_target
 
     prompts = DEFAULT_PROMPTS
     if args.prompts:
@@ -50,7 +51,9 @@ def run_bench(args: argparse.Namespace) -> int:
     if not args.draft:
         n_maxes = [0]
 
-    llm = llama_cpp.Llama(args.model, n_ctx=args.n_ctx, n_threads=args.threads, n_batch=512, verbose=False)
+    llm = llama_cpp.Llama(
+        str(resolve_target(args.model)), n_ctx=args.n_ctx, n_threads=args.threads, n_batch=512, verbose=False
+    )
     specs: dict[tuple[Any, str], Speculator] = {}
     for n_max, selector in itertools.product(n_maxes, selectors):
         key = (n_max, "-" if n_max == 0 else selector)

