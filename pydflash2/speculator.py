@@ -96,7 +96,7 @@ class Speculator:
                 draft,
                 self.llm.model_path,
                 n_ctx=self.llm.n_ctx(),
-                n_threads=self.llm.context_params.n_threads,
+                n_threads=self.llm.context_params.n_threads_batch,
                 device=device,
             )
         ctx_addr = ctypes.cast(self.llm._ctx.ctx, ctypes.c_void_p).value

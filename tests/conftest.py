@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from pydflash2 import testing
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cost_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # n_max="auto" caches measured costs on disk: keep the tests' out of ~/.cache
+    os.environ["PYDFLASH2_CACHE_DIR"] = str(tmp_path_factory.mktemp("cost-cache"))
 
 
 @pytest.fixture(scope="session")

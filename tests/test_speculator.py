@@ -272,3 +272,23 @@ def test_bad_options(models, llm) -> None:
         Speculator(llm, models["v2"], selector="beam")
     with pytest.raises(ValueError, match="n_max"):
         Speculator(llm, models["v2"], n_max=-3)
+
+
+def test_auto_costs_are_measured_once_and_cached(models, llm, monkeypatch) -> None:
+    import json
+    import os
+
+    cache = Path(os.environ["PYDFLASH2_CACHE_DIR"]) / "costs.json"
+    with Speculator(llm, models["v1"], n_max="auto") as spec:
+        costs = spec.costs
+    assert costs is not None
+    assert len(costs["verify_s"]) == spec.max_draft + 1 and len(costs["draft_s"]) == spec.max_draft
+    assert all(t > 0 for t in costs["verify_s"] + costs["draft_s"])
+    assert costs in json.loads(cache.read_text()).values()
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("costs were measured again")
+
+    monkeypatch.setattr(Speculator, "measure_costs", no_measuring)
+    with Speculator(llm, models["v1"], n_max="auto") as spec:
+        assert spec.costs == costs
