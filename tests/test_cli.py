@@ -110,13 +110,12 @@ def test_bench_writes_json_plots_and_ratios(tmp_path, target_gguf, drafter2_gguf
 
 
 def test_random_drafter_for_a_given_target(tmp_path, target_gguf) -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "pydflash2.testing", str(tmp_path / "d"), "--target", str(target_gguf)],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
-    )
+    r = _run("random-drafter", str(target_gguf), "-o", str(tmp_path / "d" / "dflash2.gguf"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     from pydflash2 import inspect_drafter
 
     hp = inspect_drafter(tmp_path / "d" / "dflash2.gguf")
     assert hp["version"] == 2 and hp["n_embd"] == 64
     assert max(hp["target_layers"]) <= 3  # capturable inputs of the 4-layer target
+    r = _run("random-drafter", str(tmp_path / "nope.gguf"), "-o", str(tmp_path / "x.gguf"), cwd=tmp_path)
+    assert r.returncode == 2 and "not found" in r.stderr
