@@ -62,11 +62,12 @@ def references(llm) -> dict[str, list[int]]:
     return {p: plain_greedy(llm, p, 24) for p in PROMPTS}
 
 
-@pytest.mark.parametrize("drafter", ["v2", "v1", "v2_converted"])
-def test_greedy_is_lossless(models, llm, references, drafter) -> None:
+@pytest.mark.parametrize("drafter, selector", [("v2", "greedy"), ("v1", "greedy"), ("v2_converted", "greedy"),
+                                                ("v2", "viterbi")])
+def test_greedy_is_lossless(models, llm, references, drafter, selector) -> None:
     accepted = 0
     for n_max in [1, 2, 3, 4, 5, 6, 7, "auto"]:
-        with Speculator(llm, models[drafter], n_max=n_max) as spec:
+        with Speculator(llm, models[drafter], n_max=n_max, selector=selector) as spec:
             for prompt in PROMPTS:
                 out = spec.generate(prompt, max_tokens=24, chat=False)
                 assert out.tokens == references[prompt], (drafter, n_max, prompt)
@@ -103,17 +104,25 @@ def _first_tokens(sample, n_runs: int) -> list[tuple[int, int]]:
     return [tuple(sample(seed)[1:3]) for seed in range(n_runs)]
 
 
-def test_sampling_follows_the_target_distribution(models, llm) -> None:
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
+        # the filters run before the temperature, as in llama.cpp: order matters and is checked here
+        dict(temperature=1.5, top_k=5, top_p=0.9, min_p=0.02),
+    ],
+)
+def test_sampling_follows_the_target_distribution(models, llm, params) -> None:
     # Tokens 2 and 3 come out of draft verification (token 1 is sampled at prefill).
     prompt = "Once upon a time"
-    params = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     n_runs = 1200
     ptoks = llm.tokenize(prompt.encode(), add_bos=True, special=True)
 
     def plain(seed: int) -> list[int]:
         llm.set_seed(seed)
         out = []
-        for tok in llm.generate(ptoks, temp=1.0, top_k=0, top_p=1.0, min_p=0.0, reset=True):
+        for tok in llm.generate(ptoks, temp=params["temperature"], top_k=params["top_k"], top_p=params["top_p"],
+                                min_p=params["min_p"], reset=True):
             out.append(tok)
             if len(out) == 3:
                 return out
@@ -139,7 +148,7 @@ def test_sampling_follows_the_target_distribution(models, llm) -> None:
         keep = table.sum(axis=0) >= 10
         table = np.column_stack([table[:, keep], table[:, ~keep].sum(axis=1)]) if (~keep).any() else table
         table = table[:, table.sum(axis=0) > 0]
-        assert table.shape[1] >= 3, table
+        assert table.shape[1] >= 2, table
         p_value = chi2_contingency(table)[1]
         assert p_value > 0.001, (pos, table, p_value)
     # drafts were accepted often enough for a biased verifier to show in the counts
