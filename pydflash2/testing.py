@@ -509,10 +509,12 @@ def rewrite_gguf(
     drop_keys: tuple[str, ...] = (),
     set_keys: dict[str, tuple[object, gguf.GGUFValueType]] | None = None,
     drop_tensors: tuple[str, ...] = (),
-    replace_tensors: dict[str, np.ndarray] | None = None,
+    replace_tensors: dict[str, np.ndarray | tuple[np.ndarray, gguf.GGMLQuantizationType]] | None = None,
 ) -> Path:
     """Copies a GGUF with some keys/tensors dropped or replaced: how the tests
-    make files that break the contract in exactly one place."""
+    make files that break the contract in exactly one place. A replacement is
+    an array written as its numpy dtype, or (raw bytes array, ggml type) for a
+    quantized one."""
     r = gguf.GGUFReader(str(src))
     set_keys = dict(set_keys or {})
     replace_tensors = dict(replace_tensors or {})
@@ -530,15 +532,22 @@ def rewrite_gguf(
         w.add_key_value(key, f.contents(), vtype, sub)
     for key, (value, vtype) in set_keys.items():
         w.add_key_value(key, value, vtype)
+    def add(name: str, value: np.ndarray | tuple[np.ndarray, gguf.GGMLQuantizationType]) -> None:
+        if isinstance(value, tuple):
+            data, qtype = value
+            w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
+        else:
+            w.add_tensor(name, value)
+
     for t in r.tensors:
         if t.name in drop_tensors:
             continue
         if t.name in replace_tensors:
-            w.add_tensor(t.name, replace_tensors.pop(t.name))
+            add(t.name, replace_tensors.pop(t.name))
         else:
-            w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
-    for name, arr in replace_tensors.items():
-        w.add_tensor(name, arr)
+            add(t.name, (t.data, t.tensor_type))
+    for name, value in replace_tensors.items():
+        add(name, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -223,23 +223,8 @@ def test_bad_values(tmp_path, drafter2_gguf, key, value, vtype, match) -> None:
 def test_quantized_matrices_are_accepted(tmp_path, drafter2_gguf) -> None:
     r = gguf.GGUFReader(str(drafter2_gguf))
     fc = next(t for t in r.tensors if t.name == "fc.weight")
-    q = gguf.quants.quantize(np.asarray(fc.data), gguf.GGMLQuantizationType.Q8_0)
-    w_path = tmp_path / "q.gguf"
-    w = gguf.GGUFWriter(str(w_path), arch="unused")
-    w.kv_data[0].clear()
-    for key, f in r.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        vtype = gguf.GGUFValueType(f.types[0])
-        sub = gguf.GGUFValueType(f.types[-1]) if vtype == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(key, f.contents(), vtype, sub)
-    for t in r.tensors:
-        if t.name == "fc.weight":
-            w.add_tensor(t.name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    assert inspect_drafter(w_path)["version"] == 2
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    q = gguf.quants.quantize(np.asarray(fc.data), q8)
+    p = testing.rewrite_gguf(drafter2_gguf, tmp_path / "q.gguf", replace_tensors={"fc.weight": (q, q8)})
+    assert next(t for t in gguf.GGUFReader(str(p)).tensors if t.name == "fc.weight").tensor_type == q8
+    assert inspect_drafter(p)["version"] == 2
