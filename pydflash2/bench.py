@@ -84,7 +84,8 @@ def run_bench(args: argparse.Namespace) -> int:
         results.append({
             "n_max": n_max, "selector": sel, "temperature": temp, "runs": len(stats),
             "tokens_per_second": tokens / max(decode_s, 1e-9),
-            "tau": tokens / max(steps, 1),
+            # committed per target forward, counted by the engine (tokens cut by EOS/stop included)
+            "tau": sum(s["n_generated"] - 1 for s in stats) / max(steps, 1),
             "ttft_s": float(np.mean([s["ttft_s"] for s in stats])),
             "drafted_per_position": [int(x) for x in drafted],
             "accepted_per_position": [int(x) for x in accepted],
