@@ -30,20 +30,17 @@ def _parse_list(text: str, convert: Any) -> list[Any]:
     return [convert(x.strip()) for x in text.split(",") if x.strip()]
 
 
-def _n_max_value(x: str) -> int | str:
-    return x if x == "auto" else int(x)
-
-
 def run_bench(args: argparse.Namespace) -> int:
     import llama_cpp
 
+    from .cli import parse_n_max
     from .speculator import Speculator
     from .testing import resolve_target
 
     prompts = DEFAULT_PROMPTS
     if args.prompts:
         prompts = [line.strip() for line in Path(args.prompts).read_text().splitlines() if line.strip()]
-    n_maxes = _parse_list(args.n_max, _n_max_value)
+    n_maxes = _parse_list(args.n_max, parse_n_max)
     if 0 not in n_maxes:
         n_maxes.insert(0, 0)
     temperatures = _parse_list(args.temperature, float)

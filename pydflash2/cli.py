@@ -40,7 +40,8 @@ def _print_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _n_max(value: str) -> int | str:
+def parse_n_max(value: str) -> int | str:
+    """'auto' or an int >= 0 (the --n-max syntax)."""
     if value == "auto":
         return value
     try:
@@ -154,7 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_gen.add_argument("--min-p", type=float, default=0.0)
     p_gen.add_argument("--seed", type=int, default=None)
     p_gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    p_gen.add_argument("--n-max", type=_n_max, default="auto", help="drafts per block: auto (default) or N (0 = plain)")
+    p_gen.add_argument("--n-max", type=parse_n_max, default="auto",
+                       help="drafts per block: auto (default) or N (0 = plain)")
     p_gen.add_argument("--selector", choices=["auto", "greedy", "sample", "viterbi"], default="auto",
                        help="path walk through the DFlash2 lattice (auto: greedy at T=0, sampled otherwise)")
     p_gen.add_argument("--raw", action="store_true",

@@ -52,6 +52,11 @@ SpecEngine::SpecEngine(llama_context * target, Drafter * drafter, const EngineOp
         throw Error("speculative decoding needs a drafter (or n_max = 0 for plain decoding)");
     }
     policy_ = DraftLengthPolicy(max_draft_);
+    reset_stats();
+}
+
+void SpecEngine::reset_stats() {
+    stats_ = EngineStats{};
     stats_.drafted.assign(static_cast<size_t>(max_draft_), 0);
     stats_.accepted.assign(static_cast<size_t>(max_draft_), 0);
     stats_.n_max_used.assign(static_cast<size_t>(max_draft_) + 1, 0);
@@ -95,10 +100,7 @@ llama_token SpecEngine::begin(const std::vector<llama_token> & prompt, const Sam
                     std::to_string(target_.n_ctx()) + " tokens)");
     }
     sampler_ = std::make_unique<TargetSampler>(sampling, target_.n_vocab());
-    stats_ = EngineStats{};
-    stats_.drafted.assign(static_cast<size_t>(max_draft_), 0);
-    stats_.accepted.assign(static_cast<size_t>(max_draft_), 0);
-    stats_.n_max_used.assign(static_cast<size_t>(max_draft_) + 1, 0);
+    reset_stats();
     stats_.n_prompt = static_cast<int64_t>(prompt.size());
     started_ = false;
 

@@ -58,6 +58,7 @@ class SpecEngine {
 
   private:
     int choose_n_draft();
+    void reset_stats();
     // Committed rows are queued on the host and handed to the drafter in one
     // batch right before it drafts: runs of plain steps (adaptive mode) then
     // cost a memcpy per token instead of a drafter graph per token.
