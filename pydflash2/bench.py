@@ -4,11 +4,11 @@ in the same run."""
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,47 +26,58 @@ DEFAULT_PROMPTS = [
 ]
 
 
-def _parse_list(text: str, convert: Any) -> list[Any]:
-    return [convert(x.strip()) for x in text.split(",") if x.strip()]
+@dataclass
+class BenchConfig:
+    """One benchmark run: every (n_max, selector, temperature) over the prompts."""
+
+    model: str
+    draft: str | None
+    prompts: list[str]
+    n_maxes: list[int | str]
+    temperatures: list[float]
+    selectors: list[str]
+    max_tokens: int = 64
+    repeats: int = 2
+    chat: bool = True
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    device: str | None = None
+    out_dir: Path = field(default_factory=lambda: Path("bench_out"))
 
 
-def run_bench(args: argparse.Namespace) -> int:
+def run_bench(cfg: BenchConfig) -> int:
     import llama_cpp
 
-    from .cli import parse_n_max
     from .speculator import Speculator
-    from .testing import resolve_target
 
-    prompts = DEFAULT_PROMPTS
-    if args.prompts:
-        prompts = [line.strip() for line in Path(args.prompts).read_text().splitlines() if line.strip()]
-    n_maxes = _parse_list(args.n_max, parse_n_max)
+    prompts = cfg.prompts
+    n_maxes = list(cfg.n_maxes)
     if 0 not in n_maxes:
         n_maxes.insert(0, 0)
-    temperatures = _parse_list(args.temperature, float)
-    selectors = _parse_list(args.selector, str)
-    if not args.draft:
+    temperatures = cfg.temperatures
+    selectors = cfg.selectors
+    if not cfg.draft:
         n_maxes = [0]
 
     llm = llama_cpp.Llama(
-        str(resolve_target(args.model)), n_ctx=args.n_ctx, n_threads=args.threads, n_batch=512, verbose=False
+        cfg.model, n_ctx=cfg.n_ctx, n_threads=cfg.n_threads, n_batch=512, verbose=False
     )
     specs: dict[tuple[Any, str], Speculator] = {}
     for n_max, selector in itertools.product(n_maxes, selectors):
         key = (n_max, "-" if n_max == 0 else selector)
         if key not in specs:
-            specs[key] = Speculator(llm, args.draft if n_max != 0 else None, n_max=n_max, selector=selector,
-                                    device=args.device)
+            specs[key] = Speculator(llm, cfg.draft if n_max != 0 else None, n_max=n_max, selector=selector,
+                                    device=cfg.device)
     configs = [(n, sel, t) for (n, sel) in specs for t in temperatures]
 
     runs: dict[tuple[Any, str, float], list[dict[str, Any]]] = defaultdict(list)
-    for rep in range(args.repeats):
+    for rep in range(cfg.repeats):
         for i, prompt in enumerate(prompts):
             for n_max, sel, temp in configs:
-                out = specs[(n_max, sel)].generate(prompt, max_tokens=args.max_tokens, temperature=temp,
-                                                   seed=1000 * rep + i, chat=not args.raw)
+                out = specs[(n_max, sel)].generate(prompt, max_tokens=cfg.max_tokens, temperature=temp,
+                                                   seed=1000 * rep + i, chat=cfg.chat)
                 runs[(n_max, sel, temp)].append(out.stats)
-        print(f"repeat {rep + 1}/{args.repeats} done", file=sys.stderr)
+        print(f"repeat {rep + 1}/{cfg.repeats} done", file=sys.stderr)
     for spec in specs.values():
         spec.close()
 
@@ -92,10 +103,10 @@ def run_bench(args: argparse.Namespace) -> int:
         base = next(b for b in results if b["n_max"] == 0 and b["temperature"] == r["temperature"])
         r["speedup_vs_plain"] = r["tokens_per_second"] / base["tokens_per_second"]
 
-    out_dir = Path(args.out)
+    out_dir = cfg.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    meta = {"model": args.model, "draft": args.draft, "prompts": len(prompts), "repeats": args.repeats,
-            "max_tokens": args.max_tokens}
+    meta = {"model": cfg.model, "draft": cfg.draft, "prompts": len(prompts), "repeats": cfg.repeats,
+            "max_tokens": cfg.max_tokens}
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     _plot(results, out_dir)
     _print_table(results)

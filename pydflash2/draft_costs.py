@@ -9,10 +9,8 @@ import json
 import os
 import platform
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .speculator import Speculator
+from collections.abc import Callable, Sequence
+from typing import Any
 
 # Any text will do: costs depend on lengths, not on words.
 _WARMUP_TEXT = "The quick brown fox jumps over the lazy dog while the target model verifies a drafted block. " * 4
@@ -27,14 +25,14 @@ def _file_id(path: str | os.PathLike[str]) -> str:
     return f"{os.path.abspath(path)}:{st.st_size}:{int(st.st_mtime)}"
 
 
-def cost_key(spec: Speculator) -> str:
-    assert spec.drafter is not None and spec.draft_path is not None
+def cost_key(model_path: str, draft_path: str, device: str, n_threads: int, max_draft: int) -> str:
+    """What the costs depend on: both files, the drafter's device, threads, draft length and the machine."""
     parts = [
-        _file_id(spec.llm.model_path),
-        _file_id(spec.draft_path),
-        spec.drafter.device,
-        str(spec.llm.context_params.n_threads),
-        str(spec.max_draft),
+        _file_id(model_path),
+        _file_id(draft_path),
+        device,
+        str(n_threads),
+        str(max_draft),
         platform.node(),
         platform.machine(),
         str(os.cpu_count()),
@@ -42,9 +40,15 @@ def cost_key(spec: Speculator) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 
-def load_or_measure(spec: Speculator, reps: int = 5) -> dict[str, Any]:
+def warmup_prompt(tokenize: Callable[[bytes], Sequence[int]], n_ctx: int, max_draft: int) -> list[int]:
+    """A prompt to measure on that leaves room for the longest verify batch."""
+    prompt = list(tokenize(_WARMUP_TEXT.encode()))
+    return prompt[: max(1, min(len(prompt), n_ctx - max_draft - 2))]
+
+
+def load_or_measure(key: str, max_draft: int, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The cached costs under `key`, or `measure()` stored there."""
     path = cache_dir() / "costs.json"
-    key = cost_key(spec)
     table: dict[str, Any] = {}
     if path.exists():
         try:
@@ -54,13 +58,11 @@ def load_or_measure(spec: Speculator, reps: int = 5) -> dict[str, Any]:
     entry = table.get(key)
     if (
         entry
-        and len(entry.get("verify_s", [])) == spec.max_draft + 1
-        and len(entry.get("draft_s", [])) == spec.max_draft
+        and len(entry.get("verify_s", [])) == max_draft + 1
+        and len(entry.get("draft_s", [])) == max_draft
     ):
         return entry
-    prompt = spec.llm.tokenize(_WARMUP_TEXT.encode(), add_bos=True, special=False)
-    prompt = prompt[: max(1, min(len(prompt), spec.llm.n_ctx() - spec.max_draft - 2))]
-    entry = spec.measure_costs(prompt, reps=reps)
+    entry = measure()
     table[key] = entry
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

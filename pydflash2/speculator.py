@@ -115,7 +115,12 @@ class Speculator:
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
         self.costs: dict[str, list[float]] | None = None
         if n_max == "auto" and self.drafter is not None and self.max_draft > 0:
-            self.costs = draft_costs.load_or_measure(self)
+            assert self.draft_path is not None
+            key = draft_costs.cost_key(self.llm.model_path, self.draft_path, self.drafter.device,
+                                       self.llm.context_params.n_threads, self.max_draft)
+            prompt = draft_costs.warmup_prompt(lambda b: self.llm.tokenize(b, add_bos=True, special=False),
+                                               self.llm.n_ctx(), self.max_draft)
+            self.costs = draft_costs.load_or_measure(key, self.max_draft, lambda: self.measure_costs(prompt))
             self.set_costs(self.costs["verify_s"], self.costs["draft_s"])
 
     def close(self) -> None:

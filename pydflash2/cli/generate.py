@@ -1,0 +1,73 @@
+"""`pydflash2 generate PROMPT`: one completion with speculative decoding, streamed or as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .common import CliError, add_model_args, parse_n_max
+
+NAME = "generate"
+
+STATS_KEYS = ("tau", "n_max", "tokens_per_second", "ttft_s", "draft_s", "verify_s", "inject_s",
+              "drafted_per_position", "accepted_per_position", "n_max_histogram")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(NAME, help="generate text with speculative decoding")
+    p.add_argument("prompt", help="the prompt (a user message unless --raw)")
+    add_model_args(p)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--n-max", type=parse_n_max, default="auto",
+                   help="drafts per block: auto (default) or N (0 = plain)")
+    p.add_argument("--selector", choices=["auto", "greedy", "sample", "viterbi"], default="auto",
+                   help="path walk through the DFlash2 lattice (auto: greedy at T=0, sampled otherwise)")
+    p.add_argument("--raw", action="store_true",
+                   help="no chat template: tokenize the prompt as is (BOS added, special tokens parsed)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..models import resolve_target
+    from ..speculator import GenerationError, Speculator
+
+    try:
+        spec = Speculator(
+            resolve_target(args.model), args.draft, n_ctx=args.n_ctx, n_threads=args.threads,
+            n_max=args.n_max if args.draft else 0, selector=args.selector, device=args.device,
+        )
+    except (OSError, ValueError, GenerationError) as e:
+        raise CliError(str(e)) from None
+    kwargs = dict(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        min_p=args.min_p, seed=args.seed, stop=args.stop, chat=not args.raw,
+    )
+    try:
+        with spec:
+            if args.json:
+                out = spec.generate(args.prompt, **kwargs)
+            else:
+                for piece in spec.stream(args.prompt, **kwargs):
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+                sys.stdout.write("\n")
+                out = spec.last
+    except (ValueError, GenerationError) as e:
+        raise CliError(str(e)) from None
+    assert out is not None
+    s = out.stats
+    if args.json:
+        print(json.dumps({"text": out.text, "tokens": out.tokens, "finish_reason": out.finish_reason,
+                          "stats": {k: s[k] for k in STATS_KEYS}}))
+    else:
+        print(f"[{out.finish_reason}] {len(out.tokens)} tokens, {s['tokens_per_second']:.1f} tok/s, "
+              f"tau {s['tau']:.2f}, ttft {s['ttft_s'] * 1000:.0f} ms, n_max {s['n_max']}", file=sys.stderr)
+    return 0
