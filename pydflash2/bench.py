@@ -41,7 +41,9 @@ class BenchConfig:
     chat: bool = True
     n_ctx: int = 4096
     n_threads: int | None = None
-    device: str | None = None
+    device: str | None = "auto"
+    rpc_servers: str | None = None
+    n_gpu_layers: int = 0
     out_dir: Path = field(default_factory=lambda: Path("bench_out"))
 
 
@@ -59,8 +61,13 @@ def run_bench(cfg: BenchConfig) -> int:
     if not cfg.draft:
         n_maxes = [0]
 
+    if cfg.rpc_servers:
+        from .devices import add_rpc_servers
+
+        add_rpc_servers(cfg.rpc_servers)  # before the target loads: it may offload to them
     llm = llama_cpp.Llama(
-        cfg.model, n_ctx=cfg.n_ctx, n_threads=cfg.n_threads, n_batch=512, verbose=False
+        cfg.model, n_ctx=cfg.n_ctx, n_threads=cfg.n_threads, n_batch=512, n_gpu_layers=cfg.n_gpu_layers,
+        verbose=False,
     )
     specs: dict[tuple[Any, str], Speculator] = {}
     for n_max, selector in itertools.product(n_maxes, selectors):

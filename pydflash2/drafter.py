@@ -65,9 +65,11 @@ class Drafter:
     """A DFlash/DFlash2 drafter on one ggml device.
 
     drafter_path: the dflash GGUF; target_path: the target GGUF whose token
-    embedding and output head the drafter uses (mapped in place, not copied on
-    the CPU). device: None = first GPU ggml offers, else "CPU"; or a ggml device
-    name. cache_type: "f16" (as llama.cpp) or "f32"."""
+    embedding and output head the drafter uses (the embedding is mapped in
+    place; the head too on the CPU, else it is copied to the device). device:
+    "auto" (or None) = the first GPU-type device ggml offers, else "CPU"; or a
+    ggml device name ("CPU", "CUDA0", "Metal", "RPC0" after
+    pydflash2.devices.add_rpc_servers). cache_type: "f16" (as llama.cpp) or "f32"."""
 
     def __init__(
         self,
@@ -76,7 +78,7 @@ class Drafter:
         *,
         n_ctx: int = 4096,
         n_threads: int | None = None,
-        device: str | None = None,
+        device: str | None = "auto",
         cache_type: str = "f16",
     ) -> None:
         if cache_type not in ("f16", "f32"):

@@ -25,7 +25,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from . import _native, draft_costs
+from . import _native, devices, draft_costs
 from ._native import ffi, lib
 from .drafter import Drafter
 from .text_stream import TextStream
@@ -60,7 +60,12 @@ class Speculator:
     plain decoding through the same loop. n_max: drafts per block, "auto"
     (adaptive: measured costs, running acceptance) or an int (0 = plain
     decoding). selector: "auto" (greedy walk at temperature 0, sampled walk
-    otherwise), "greedy", "sample" or "viterbi"."""
+    otherwise), "greedy", "sample" or "viterbi". device: the drafter's ggml
+    device, "auto" (first GPU, else CPU) or a name ("CPU", "CUDA0", "RPC0").
+    rpc_servers: "HOST:PORT[,...]" ggml RPC servers registered as devices first
+    (as llama-server's --rpc), so that a target loaded here with n_gpu_layers
+    > 0 splits across them. n_gpu_layers: target layers offloaded (llama-cpp-
+    python's parameter; only when model is a path)."""
 
     def __init__(
         self,
@@ -71,13 +76,19 @@ class Speculator:
         n_threads: int | None = None,
         n_max: int | str = "auto",
         selector: str = "auto",
-        device: str | None = None,
+        device: str | None = "auto",
+        rpc_servers: str | Sequence[str] | None = None,
+        n_gpu_layers: int = 0,
         verbose: bool = False,
     ) -> None:
         if selector not in SELECTORS:
             raise ValueError(f"selector must be one of {sorted(SELECTORS)}, got {selector!r}")
         if n_max != "auto" and (not isinstance(n_max, int) or n_max < 0):
             raise ValueError(f"n_max must be 'auto' or an int >= 0, got {n_max!r}")
+        if rpc_servers:
+            devices.add_rpc_servers(rpc_servers)  # before the target loads: it may offload to them
+        if draft is not None and n_max != 0:
+            devices.resolve_device(device)  # an unknown name fails before the target loads
         if isinstance(model, llama_cpp.Llama):
             self.llm = model
         else:
@@ -85,7 +96,8 @@ class Speculator:
             if not path.is_file():
                 raise FileNotFoundError(f"target model not found: {path}")
             self.llm = llama_cpp.Llama(
-                model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, n_batch=512, verbose=verbose
+                model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, n_batch=512, n_gpu_layers=n_gpu_layers,
+                verbose=verbose,
             )
         self.n_max = n_max
         self.selector = selector

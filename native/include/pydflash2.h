@@ -27,6 +27,19 @@ void pdf2_free_string(char * s);
 /* JSON object: ggml/llama build info and the ggml backend devices present. */
 char * pdf2_native_info_json(void);
 
+/* Name of the ggml device a device string selects: NULL, "" or "auto" = the
+ * first GPU-type device, else "CPU"; otherwise a device name, matched
+ * case-insensitively. NULL (see pdf2_last_error, which lists the devices)
+ * for an unknown name. */
+char * pdf2_device_resolve(const char * name);
+
+/* Registers ggml RPC servers ("HOST:PORT[,HOST:PORT...]") as ggml devices, as
+ * llama-server's --rpc does; a server registered before is not added again.
+ * Every endpoint is checked (syntax, TCP reachability) before any is added.
+ * JSON array of the names of the servers' devices ("RPC0"...), NULL on
+ * failure (no RPC backend in this build, malformed or unreachable endpoint). */
+char * pdf2_rpc_add_servers_json(const char * endpoints);
+
 /* Checks a drafter GGUF against the dflash contract without loading weights.
  * JSON object of hyperparameters on success, NULL (see pdf2_last_error) when
  * the file is unreadable or violates the contract. */
@@ -38,9 +51,10 @@ char * pdf2_inspect_drafter_json(const char * path);
 typedef struct pdf2_drafter pdf2_drafter;
 
 /* Loads a drafter GGUF (contract-checked first) and wraps the target GGUF's
- * token embedding / output head in place (mmap). device: NULL or "" = the
- * first GPU ggml offers, else the CPU; otherwise a ggml device name ("CPU",
- * "CUDA0", "Metal"...). n_ctx: context rows the drafter cache holds.
+ * token embedding in place (mmap; the output head too on the CPU, else it
+ * is copied to the device). device: NULL, "" or "auto" = the first GPU ggml
+ * offers, else the CPU; otherwise a ggml device name ("CPU", "CUDA0",
+ * "Metal", "RPC0"...). n_ctx: context rows the drafter cache holds.
  * n_threads <= 0: all cores. cache_f32: 0 = f16 K/V cache (as llama.cpp),
  * 1 = f32. NULL on failure. */
 pdf2_drafter * pdf2_drafter_new(const char * drafter_path, const char * target_path, uint32_t n_ctx,

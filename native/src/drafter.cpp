@@ -22,43 +22,36 @@ Drafter::Drafter(const std::string & drafter_path, const std::string & target_pa
     mo.n_threads = opts.n_threads;
     model_ = std::make_unique<DrafterModel>(drafter_path, target_path, mo);
     cache_ = std::make_unique<DrafterCache>(*model_, opts.n_ctx, opts.cache_type);
-    std::vector<ggml_backend_t> backends;
-    if (!model_->device_is_cpu()) backends.push_back(model_->backend());
-    backends.push_back(model_->backend_cpu());
-    sched_ = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()),
-                                    drafter_graph_size(*model_), false, true);
-    if (sched_ == nullptr) {
-        throw Error("failed to create the ggml scheduler");
-    }
+    sched_ = std::make_unique<DrafterSched>(model_->backend(), model_->backend_cpu(), drafter_graph_size(*model_));
 }
 
 Drafter::~Drafter() {
-    propose_graphs_.clear();
-    inject_graphs_.clear();
-    if (sched_) ggml_backend_sched_free(sched_);
+    sched_.reset();  // before the graph it may hold
+    graph_.reset();
+}
+
+DrafterGraph & Drafter::graph_for(const GraphKey & key) {
+    if (graph_ && graph_key_ == key && sched_->held() == graph_.get()) {
+        return *graph_;  // allocated, inputs in place: runs again as is
+    }
+    sched_->release();
+    graph_.reset();
+    graph_ = key.propose ? build_propose_graph(*model_, *cache_, key.n, key.n_kv)
+                         : build_inject_graph(*model_, *cache_, key.n);
+    graph_key_ = key;
+    ++n_graph_builds_;
+    try {
+        sched_->alloc(*graph_);
+    } catch (...) {
+        graph_.reset();
+        throw;
+    }
+    return *graph_;
 }
 
 void Drafter::compute(DrafterGraph & g, const std::function<void()> & set_inputs) {
-    if (allocated_ != &g) {
-        allocated_ = nullptr;
-        ggml_backend_sched_reset(sched_);
-        // a cached graph keeps the addresses of its previous allocation; the
-        // allocator would take them for pre-allocated tensors (and the compute
-        // buffer may have moved since), so every tensor of the graph is reset
-        for (ggml_tensor * t = ggml_get_first_tensor(g.ctx); t != nullptr; t = ggml_get_next_tensor(g.ctx, t)) {
-            t->data = nullptr;
-            t->buffer = nullptr;
-        }
-        if (!ggml_backend_sched_alloc_graph(sched_, g.gf)) {
-            throw Error("failed to allocate the drafter's compute buffers");
-        }
-        allocated_ = &g;  // the same graph next time runs on this allocation as is
-    }
     set_inputs();
-    if (ggml_backend_sched_graph_compute(sched_, g.gf) != GGML_STATUS_SUCCESS) {
-        allocated_ = nullptr;
-        throw Error("drafter graph computation failed");
-    }
+    sched_->compute(g);
 }
 
 // KQ mask of n block queries over the first n_kv cache rows: context rows
@@ -114,9 +107,7 @@ void Drafter::inject(const float * features, size_t width, const int32_t * posit
     }
     for (int off = 0; off < n; off += INJECT_CHUNK) {
         const int m = std::min(INJECT_CHUNK, n - off);
-        auto & slot = inject_graphs_[m];
-        if (!slot) slot = build_inject_graph(*model_, *cache_, m);
-        DrafterGraph & g = *slot;
+        DrafterGraph & g = graph_for({false, m, 0});
         std::vector<int64_t> rows(m);
         for (int i = 0; i < m; ++i) rows[i] = cache_->n_cached() + i;
         compute(g, [&] {
@@ -154,9 +145,7 @@ const Proposal & Drafter::propose(int32_t anchor, int32_t pos, int n) {
         throw Error("block position overflows");
     }
     const int n_kv = static_cast<int>(cache_->bucket_for(static_cast<uint32_t>(n)));
-    auto & slot = propose_graphs_[{n, n_kv}];
-    if (!slot) slot = build_propose_graph(*model_, *cache_, n, n_kv);
-    DrafterGraph & g = *slot;
+    DrafterGraph & g = graph_for({true, n, n_kv});
 
     std::vector<int32_t> tokens(n, hp.mask_token_id);
     tokens[0] = anchor;
@@ -228,8 +217,7 @@ std::string Drafter::info_json() const {
     w.field("cache_capacity", cache_->capacity());
     w.field("cache_type", ggml_type_name(cache_->type()));
     w.field("target_head_mapped", model_->target_head_mapped());
-    w.field("n_propose_graphs", static_cast<uint64_t>(propose_graphs_.size()));
-    w.field("n_inject_graphs", static_cast<uint64_t>(inject_graphs_.size()));
+    w.field("n_graph_builds", n_graph_builds_);
     w.end_object();
     return w.str();
 }

@@ -6,12 +6,12 @@
 #include "drafter_cache.h"
 #include "drafter_graph.h"
 #include "drafter_model.h"
+#include "drafter_sched.h"
 #include "selector_walk.h"
 
 #include <ggml-backend.h>
 
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -20,7 +20,7 @@
 namespace pdf2 {
 
 struct DrafterOptions {
-    std::string device;  // empty: first GPU, else CPU
+    std::string device;  // "" or "auto": first GPU, else CPU; or a ggml device name
     int n_threads = 0;
     uint32_t n_ctx = 4096;
     ggml_type cache_type = GGML_TYPE_F16;
@@ -60,15 +60,24 @@ class Drafter {
     std::string info_json() const;
 
   private:
+    // the shape a graph is built for: inject of n rows, or propose of n over n_kv
+    struct GraphKey {
+        bool propose = false;
+        int n = 0;
+        int n_kv = 0;
+        bool operator==(const GraphKey & o) const { return propose == o.propose && n == o.n && n_kv == o.n_kv; }
+    };
+    // the graph for key: the one the scheduler holds if it has that shape, else a fresh one, allocated
+    DrafterGraph & graph_for(const GraphKey & key);
     void compute(DrafterGraph & g, const std::function<void()> & set_inputs);
     void fill_mask(std::vector<uint16_t> & mask, int n_kv, const int32_t * q_pos, int n, bool swa) const;
 
     std::unique_ptr<DrafterModel> model_;
     std::unique_ptr<DrafterCache> cache_;
-    ggml_backend_sched_t sched_ = nullptr;
-    std::map<int, std::unique_ptr<DrafterGraph>> inject_graphs_;
-    std::map<std::pair<int, int>, std::unique_ptr<DrafterGraph>> propose_graphs_;
-    const DrafterGraph * allocated_ = nullptr;  // graph the scheduler currently holds allocated
+    std::unique_ptr<DrafterSched> sched_;
+    std::unique_ptr<DrafterGraph> graph_;  // the last graph built (see drafter_sched.h for why only one)
+    GraphKey graph_key_;
+    uint64_t n_graph_builds_ = 0;
     Proposal last_;
     std::vector<float> readback_;
 };

@@ -13,7 +13,13 @@ DrafterGraph::~DrafterGraph() {
     if (ctx) ggml_free(ctx);
 }
 
-size_t drafter_graph_size(const DrafterModel & model) { return 1024 + 256 * model.hparams().n_layer; }
+size_t drafter_graph_size(const DrafterModel & model) {
+    const DrafterHParams & hp = model.hparams();
+    // per layer: attention + MLP (< 128 nodes) and, for DFlash2, 4 block
+    // convolutions of up to 12 nodes per tap
+    const size_t taps = std::min(hp.conv_kernel_size, hp.block_size);
+    return 1024 + static_cast<size_t>(hp.n_layer) * (256 + 64 * taps);
+}
 
 namespace {
 

@@ -2,6 +2,7 @@
 // contract check), the target's embedding/head wrapped over an mmap.
 #include "drafter_model.h"
 
+#include "devices.h"
 #include "errors.h"
 
 #include <ggml-alloc.h>
@@ -24,16 +25,6 @@ namespace pdf2 {
 namespace {
 
 using gguf_ptr = std::unique_ptr<gguf_context, decltype(&gguf_free)>;
-
-std::string lower(std::string s) {
-    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    return s;
-}
-
-bool is_gpu(ggml_backend_dev_t d) {
-    const auto t = ggml_backend_dev_type(d);
-    return t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU;
-}
 
 std::string shape_of(const int64_t * ne) {
     return "{" + std::to_string(ne[0]) + ", " + std::to_string(ne[1]) + ", " + std::to_string(ne[2]) + ", " +
@@ -66,42 +57,22 @@ DrafterModel::~DrafterModel() { release(); }
 void DrafterModel::release() {
     if (buf_drafter_) ggml_backend_buffer_free(buf_drafter_);
     if (buf_target_) ggml_backend_buffer_free(buf_target_);
+    if (buf_target_dev_) ggml_backend_buffer_free(buf_target_dev_);
     if (ctx_drafter_) ggml_free(ctx_drafter_);
     if (ctx_target_) ggml_free(ctx_target_);
+    if (ctx_target_dev_) ggml_free(ctx_target_dev_);
     if (map_addr_) munmap(map_addr_, map_size_);
     if (backend_ && backend_ != backend_cpu_) ggml_backend_free(backend_);
     if (backend_cpu_) ggml_backend_free(backend_cpu_);
-    buf_drafter_ = buf_target_ = nullptr;
-    ctx_drafter_ = ctx_target_ = nullptr;
+    buf_drafter_ = buf_target_ = buf_target_dev_ = nullptr;
+    ctx_drafter_ = ctx_target_ = ctx_target_dev_ = nullptr;
     map_addr_ = nullptr;
     backend_ = backend_cpu_ = nullptr;
 }
 
 void DrafterModel::init_backends(const ModelOptions & opts) {
-    llama_backend_init();  // registers the backends the way llama.cpp does
+    ggml_backend_dev_t chosen = find_device(opts.device);
     ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-    if (cpu == nullptr) {
-        throw Error("this ggml build has no CPU backend");
-    }
-    std::string available;
-    ggml_backend_dev_t chosen = nullptr;
-    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-        ggml_backend_dev_t d = ggml_backend_dev_get(i);
-        available += (available.empty() ? "" : ", ") + std::string(ggml_backend_dev_name(d));
-        if (!opts.device.empty()) {
-            if (lower(ggml_backend_dev_name(d)) == lower(opts.device) && chosen == nullptr) {
-                chosen = d;
-            }
-        } else if (chosen == nullptr && is_gpu(d)) {
-            chosen = d;
-        }
-    }
-    if (chosen == nullptr) {
-        if (!opts.device.empty() && lower(opts.device) != "cpu") {
-            throw Error("unknown device '" + opts.device + "'; this ggml offers: " + available);
-        }
-        chosen = cpu;
-    }
     dev_ = chosen;
     device_name_ = ggml_backend_dev_name(chosen);
     backend_cpu_ = ggml_backend_dev_init(cpu, nullptr);
@@ -265,57 +236,77 @@ void DrafterModel::load_target(const std::string & path) {
     }
     map_size_ = file_size;
 
+    // Placement, as llama.cpp places a model's input and output layers: the
+    // token embedding (a get_rows of a few rows) stays in host memory, wrapped
+    // over the mapped pages in place; the output head (a large matmul) lives
+    // on the drafter's device, copied there unless that device is the CPU.
+    // A tied head then has two tensor objects over one file tensor.
+    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    ggml_backend_dev_props props{};
+    ggml_backend_dev_get_props(cpu, &props);
+    struct Made {
+        int64_t id;
+        bool host;
+        ggml_tensor * t;
+    };
+    std::vector<Made> made;
     ggml_init_params ip = {ggml_tensor_overhead() * 4, nullptr, /*no_alloc =*/true};
     ctx_target_ = ggml_init(ip);
-    // one tensor object per distinct file tensor (tied: token_embd serves both roles)
-    std::vector<std::pair<int64_t, ggml_tensor *>> made;
+    ctx_target_dev_ = ggml_init(ip);
     for (const Want & w : wants) {
+        const bool host = props.caps.buffer_from_host_ptr && (device_is_cpu() || w.slot == &tok_embd);
         ggml_tensor * t = nullptr;
-        for (auto & m : made) {
-            if (m.first == w.id) t = m.second;
+        for (const Made & m : made) {
+            if (m.id == w.id && m.host == host) t = m.t;
         }
         if (t == nullptr) {
             const int64_t * ne = gguf_get_tensor_ne(g.get(), w.id);
-            t = ggml_new_tensor_2d(ctx_target_, gguf_get_tensor_type(g.get(), w.id), ne[0], ne[1]);
+            t = ggml_new_tensor_2d(host ? ctx_target_ : ctx_target_dev_, gguf_get_tensor_type(g.get(), w.id), ne[0],
+                                   ne[1]);
             ggml_set_name(t, (std::string("target.") + gguf_get_tensor_name(g.get(), w.id)).c_str());
-            made.emplace_back(w.id, t);
+            made.push_back({w.id, host, t});
         }
         *w.slot = t;
     }
 
     char * base = static_cast<char *>(map_addr_);
-    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-    ggml_backend_dev_props props{};
-    ggml_backend_dev_get_props(cpu, &props);
-    if (device_is_cpu() && props.caps.buffer_from_host_ptr) {
-        // wrap the mapped pages in place: no copy, pages shared with llama.cpp's mapping
-        size_t max_t = 0;
-        for (auto & m : made) max_t = std::max(max_t, ggml_nbytes(m.second));
-        buf_target_ = ggml_backend_dev_buffer_from_host_ptr(cpu, base, file_size, max_t);
+    size_t max_host = 0;
+    for (const Made & m : made) {
+        if (m.host) max_host = std::max(max_host, ggml_nbytes(m.t));
+    }
+    if (max_host > 0) {
+        // no copy: the pages are shared with llama.cpp's own mapping
+        buf_target_ = ggml_backend_dev_buffer_from_host_ptr(cpu, base, file_size, max_host);
         if (buf_target_ == nullptr) {
             throw Error("failed to wrap the target mapping in a CPU buffer");
         }
-        for (auto & m : made) {
-            void * addr = base + data_off + gguf_get_tensor_offset(g.get(), m.first);
-            if (ggml_backend_tensor_alloc(buf_target_, m.second, addr) != GGML_STATUS_SUCCESS) {
+        for (const Made & m : made) {
+            if (!m.host) continue;
+            void * addr = base + data_off + gguf_get_tensor_offset(g.get(), m.id);
+            if (ggml_backend_tensor_alloc(buf_target_, m.t, addr) != GGML_STATUS_SUCCESS) {
                 throw Error("failed to place target tensor in the mapped buffer");
             }
         }
+        ggml_backend_buffer_set_usage(buf_target_, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
         target_mapped_ = true;
-    } else {
-        // a GPU device: copy the two tensors into its memory
-        buf_target_ = ggml_backend_alloc_ctx_tensors_from_buft(ctx_target_, ggml_backend_dev_buffer_type(dev_));
-        if (buf_target_ == nullptr) {
+    }
+    bool any_dev = false;
+    for (const Made & m : made) any_dev = any_dev || !m.host;
+    if (any_dev) {
+        buf_target_dev_ = ggml_backend_alloc_ctx_tensors_from_buft(ctx_target_dev_, ggml_backend_dev_buffer_type(dev_));
+        if (buf_target_dev_ == nullptr) {
             throw Error("failed to allocate the target head on " + device_name_);
         }
-        for (auto & m : made) {
-            ggml_backend_tensor_set(m.second, base + data_off + gguf_get_tensor_offset(g.get(), m.first), 0,
-                                    ggml_nbytes(m.second));
+        for (const Made & m : made) {
+            if (m.host) continue;
+            ggml_backend_tensor_set(m.t, base + data_off + gguf_get_tensor_offset(g.get(), m.id), 0, ggml_nbytes(m.t));
         }
+        ggml_backend_buffer_set_usage(buf_target_dev_, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    }
+    if (!target_mapped_) {
         munmap(map_addr_, map_size_);
         map_addr_ = nullptr;
     }
-    ggml_backend_buffer_set_usage(buf_target_, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
 }
 
 }  // namespace pdf2

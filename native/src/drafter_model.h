@@ -34,7 +34,7 @@ struct DrafterLayer {
 };
 
 struct ModelOptions {
-    std::string device;  // ggml device name (e.g. "CPU", "CUDA0"); empty = first GPU, else CPU
+    std::string device;  // ggml device name (e.g. "CPU", "CUDA0"); "" / "auto" = first GPU, else CPU
     int n_threads = 0;   // CPU threads; <= 0 = hardware concurrency
 };
 
@@ -66,7 +66,7 @@ class DrafterModel {
     ggml_backend_t backend_cpu() const { return backend_cpu_; }  // always present (sched needs it last)
     bool device_is_cpu() const { return backend_ == backend_cpu_; }
     int n_threads() const { return n_threads_; }
-    bool target_head_mapped() const { return target_mapped_; }  // target tensors wrap the mmap in place
+    bool target_head_mapped() const { return target_mapped_; }  // some target tensors wrap the mmap in place
 
   private:
     void init_backends(const ModelOptions & opts);
@@ -84,7 +84,9 @@ class DrafterModel {
     ggml_context * ctx_drafter_ = nullptr;
     ggml_backend_buffer_t buf_drafter_ = nullptr;
     ggml_context * ctx_target_ = nullptr;
-    ggml_backend_buffer_t buf_target_ = nullptr;
+    ggml_backend_buffer_t buf_target_ = nullptr;      // host tensors wrapping the mapping
+    ggml_context * ctx_target_dev_ = nullptr;
+    ggml_backend_buffer_t buf_target_dev_ = nullptr;  // tensors copied to the device
     void * map_addr_ = nullptr;
     size_t map_size_ = 0;
     bool target_mapped_ = false;

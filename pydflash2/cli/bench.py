@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import CliError, add_model_args, parse_list, parse_n_max
+from .common import CliError, add_model_args, parse_list, parse_n_max, setup_devices
 
 NAME = "bench"
 
@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     n_maxes = parse_list(args.n_max, parse_n_max, "--n-max")
     temperatures = parse_list(args.temperature, float, "--temperature")
     selectors = parse_list(args.selector, str, "--selector")
+    setup_devices(args)
     try:
         target = resolve_target(args.model)
     except OSError as e:
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     config = BenchConfig(
         model=str(target), draft=args.draft, prompts=prompts, n_maxes=n_maxes, temperatures=temperatures,
         selectors=selectors, max_tokens=args.max_tokens, repeats=args.repeats, chat=not args.raw,
-        n_ctx=args.n_ctx, n_threads=args.threads, device=args.device, out_dir=Path(args.out),
+        n_ctx=args.n_ctx, n_threads=args.threads, device=args.device, n_gpu_layers=args.n_gpu_layers,
+        out_dir=Path(args.out),
     )
     return run_bench(config)

@@ -54,5 +54,29 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", help="DFlash/DFlash2 drafter GGUF (omit for plain decoding)")
     p.add_argument("--n-ctx", type=int, default=4096, help="context length (default 4096)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: llama-cpp-python's)")
-    p.add_argument("--device", default=None,
-                   help="ggml device for the drafter, e.g. CPU or CUDA0 (default: first GPU, else CPU)")
+    add_device_args(p)
+
+
+def add_device_args(p: argparse.ArgumentParser) -> None:
+    """--device (the drafter's), --rpc and --n-gpu-layers (the target's), spelled as llama-server spells them."""
+    p.add_argument("--device", default="auto",
+                   help="ggml device for the drafter: auto (default: first GPU, else CPU), CPU, CUDA0, RPC0...")
+    p.add_argument("--rpc", default=None, metavar="HOST:PORT[,...]",
+                   help="ggml RPC servers to register as devices (RPC0, RPC1...) before loading; the target "
+                        "splits across them with --n-gpu-layers. Trusted networks only: an RPC server runs "
+                        "whatever its clients send")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0,
+                   help="target layers to offload to the GPU/RPC devices (default 0; 99 = all)")
+
+
+def setup_devices(args: argparse.Namespace) -> None:
+    """Registers --rpc servers and checks --device; a mistake is a CliError naming the devices."""
+    from ..devices import DeviceError, add_rpc_servers, resolve_device
+
+    try:
+        if args.rpc:
+            add_rpc_servers(args.rpc)
+        if getattr(args, "draft", None):
+            resolve_device(args.device)
+    except DeviceError as e:
+        raise CliError(str(e)) from None

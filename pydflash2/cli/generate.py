@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .common import CliError, add_model_args, parse_n_max
+from .common import CliError, add_model_args, parse_n_max, setup_devices
 
 NAME = "generate"
 
@@ -39,10 +39,12 @@ def run(args: argparse.Namespace) -> int:
     from ..models import resolve_target
     from ..speculator import GenerationError, Speculator
 
+    setup_devices(args)
     try:
         spec = Speculator(
             resolve_target(args.model), args.draft, n_ctx=args.n_ctx, n_threads=args.threads,
             n_max=args.n_max if args.draft else 0, selector=args.selector, device=args.device,
+            n_gpu_layers=args.n_gpu_layers,
         )
     except (OSError, ValueError, GenerationError) as e:
         raise CliError(str(e)) from None
