@@ -92,7 +92,7 @@ def make_llm(target: str, placement: str, devices: list[str]) -> llama_cpp.Llama
     elif placement != "cpu":
         # llama.cpp numbers the GPU-type devices it sees: main_gpu picks one of them
         kw = {"n_gpu_layers": 99, "split_mode": llama_cpp.LLAMA_SPLIT_MODE_NONE, "main_gpu": devices.index(placement)}
-    return llama_cpp.Llama(target, n_ctx=512, n_batch=512, n_threads=1, verbose=False, **kw)
+    return llama_cpp.Llama(target, n_ctx=512, n_batch=512, n_threads=1, n_threads_batch=1, verbose=False, **kw)
 
 
 def plain_greedy(llm: llama_cpp.Llama, prompt: str, n: int) -> list[int]:
@@ -146,7 +146,29 @@ def device_errors(drafter: str, target: str) -> dict[str, Any]:
     return res
 
 
-SCENARIOS = {"drafter_cycles": drafter_cycles, "speculate": speculate, "device_errors": device_errors}
+def stale_graph(drafter: str, target: str, device: str) -> dict[str, Any]:
+    """inject -> propose -> inject -> propose with split graphs reused across schedules (the
+    PYDFLASH2_DEBUG_REUSE_SPLIT_GRAPHS test hook: the behaviour that made ggml assert)."""
+    from pydflash2 import Drafter, DrafterError
+
+    rng = np.random.default_rng(5)
+    res: dict[str, Any] = {}
+    with Drafter(drafter, target, n_ctx=256, n_threads=1, device=device) as d:
+        d.inject(rng.standard_normal((10, d.feature_width)).astype(np.float32), np.arange(10))
+        res["first"] = d.propose(7, 10, 4).scores.tolist()
+        d.inject(rng.standard_normal((1, d.feature_width)).astype(np.float32), [10])
+        try:
+            d.propose(7, 11, 4)
+            res["error"] = None
+        except DrafterError as e:
+            res["error"] = str(e)
+        res["n_cached"] = d.n_cached
+        res["retry"] = d.propose(7, 11, 4).scores.tolist()  # the drafter stays usable
+    return res
+
+
+SCENARIOS = {"drafter_cycles": drafter_cycles, "speculate": speculate, "device_errors": device_errors,
+             "stale_graph": stale_graph}
 
 
 def client_main(request: dict[str, Any]) -> None:
@@ -213,9 +235,10 @@ def rpc_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]
                 proc.wait()
 
 
-def run_client(servers: list[str], scenario: str, timeout: float = 300, **kwargs: Any) -> dict[str, Any]:
+def run_client(servers: list[str], scenario: str, timeout: float = 300, env_extra: dict[str, str] | None = None,
+               **kwargs: Any) -> dict[str, Any]:
     request = {"servers": ",".join(servers), "scenario": scenario, "kwargs": kwargs}
-    env = dict(os.environ)
+    env = dict(os.environ, **(env_extra or {}))
     r = subprocess.run([sys.executable, __file__, json.dumps(request)], capture_output=True, text=True,
                        timeout=timeout, env=env)
     lines = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
@@ -239,7 +262,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     }
 
 
-PROMPTS = ["Once upon a time", "The answer is", "def main():", "quick brown"]
+# prompts on which the fixture drafter gets some drafts accepted and others rejected
+PROMPTS = ["Water boils at", "The capital of France", "It learned to guess", "42"]
 MAX_TOKENS = 20
 
 
@@ -296,6 +320,19 @@ def test_stream_on_rpc_equals_cpu_generate(rpc_servers, models) -> None:
         sampled = spec.generate(PROMPTS[0], max_tokens=MAX_TOKENS, chat=False, temperature=0.8, seed=1).tokens
     assert res["stream"] == want
     assert res["sampled"][0] == sampled  # the same seed samples the same tokens on either device
+
+
+def test_scheduler_assert_becomes_an_error(rpc_servers, models) -> None:
+    # the graph reuse that aborted the process (GGML_ASSERT(src_backend_id != -1)) is caught
+    # before ggml_backend_sched_alloc_graph, reported, and the drafter goes on
+    args = dict(drafter=models["v2"], target=models["target"])
+    stale = run_client(rpc_servers, "stale_graph", env_extra={"PYDFLASH2_DEBUG_REUSE_SPLIT_GRAPHS": "1"},
+                       device="RPC0", **args)["result"]
+    assert stale["error"] is not None and "left over from an earlier schedule" in stale["error"], stale["error"]
+    assert stale["n_cached"] == 11
+    fresh = stale_graph(device="CPU", **args)
+    assert fresh["error"] is None
+    assert stale["first"] == fresh["first"] and stale["retry"] == fresh["retry"]
 
 
 def test_device_names_and_auto(rpc_servers, models) -> None:

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 namespace pdf2 {
@@ -22,12 +23,18 @@ Drafter::Drafter(const std::string & drafter_path, const std::string & target_pa
     mo.n_threads = opts.n_threads;
     model_ = std::make_unique<DrafterModel>(drafter_path, target_path, mo);
     cache_ = std::make_unique<DrafterCache>(*model_, opts.n_ctx, opts.cache_type);
-    sched_ = std::make_unique<DrafterSched>(model_->backend(), model_->backend_cpu(), drafter_graph_size(*model_));
+    std::vector<ggml_context *> external = model_->weight_contexts();
+    external.push_back(cache_->context());
+    sched_ = std::make_unique<DrafterSched>(model_->backend(), model_->backend_cpu(), drafter_graph_size(*model_),
+                                            external);
+    const char * reuse = std::getenv("PYDFLASH2_DEBUG_REUSE_SPLIT_GRAPHS");
+    reuse_split_graphs_ = reuse != nullptr && std::string(reuse) == "1";
 }
 
 Drafter::~Drafter() {
-    sched_.reset();  // before the graph it may hold
+    sched_.reset();  // before the graphs it may hold
     graph_.reset();
+    stale_graphs_.clear();
 }
 
 DrafterGraph & Drafter::graph_for(const GraphKey & key) {
@@ -35,11 +42,26 @@ DrafterGraph & Drafter::graph_for(const GraphKey & key) {
         return *graph_;  // allocated, inputs in place: runs again as is
     }
     sched_->release();
+    if (graph_ && reuse_split_graphs_) stale_graphs_.emplace_back(graph_key_, std::move(graph_));
     graph_.reset();
-    graph_ = key.propose ? build_propose_graph(*model_, *cache_, key.n, key.n_kv)
-                         : build_inject_graph(*model_, *cache_, key.n);
+    for (auto it = stale_graphs_.begin(); it != stale_graphs_.end(); ++it) {
+        if (it->first == key) {
+            // test hook: the pre-fix behaviour, a split graph reused in a new schedule
+            graph_ = std::move(it->second);
+            stale_graphs_.erase(it);
+            for (ggml_tensor * t = ggml_get_first_tensor(graph_->ctx); t; t = ggml_get_next_tensor(graph_->ctx, t)) {
+                t->data = nullptr;
+                t->buffer = nullptr;
+            }
+            break;
+        }
+    }
+    if (!graph_) {
+        graph_ = key.propose ? build_propose_graph(*model_, *cache_, key.n, key.n_kv)
+                             : build_inject_graph(*model_, *cache_, key.n);
+        ++n_graph_builds_;
+    }
     graph_key_ = key;
-    ++n_graph_builds_;
     try {
         sched_->alloc(*graph_);
     } catch (...) {

@@ -78,6 +78,10 @@ class Drafter {
     std::unique_ptr<DrafterGraph> graph_;  // the last graph built (see drafter_sched.h for why only one)
     GraphKey graph_key_;
     uint64_t n_graph_builds_ = 0;
+    // test hook (PYDFLASH2_DEBUG_REUSE_SPLIT_GRAPHS=1): keep split graphs and
+    // reuse them in later schedules, the bug DrafterSched::check must catch
+    bool reuse_split_graphs_ = false;
+    std::vector<std::pair<GraphKey, std::unique_ptr<DrafterGraph>>> stale_graphs_;
     Proposal last_;
     std::vector<float> readback_;
 };

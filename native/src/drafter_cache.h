@@ -30,6 +30,7 @@ class DrafterCache {
     const std::vector<int32_t> & positions() const { return pos_; }
     ggml_type type() const { return type_; }
 
+    ggml_context * context() const { return ctx_; }  // holds the K/V tensors
     ggml_tensor * k(uint32_t il) const { return k_[il]; }  // [head_dim*n_head_kv, capacity]
     ggml_tensor * v(uint32_t il) const { return v_[il]; }
 

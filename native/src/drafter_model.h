@@ -66,6 +66,8 @@ class DrafterModel {
     ggml_backend_t backend_cpu() const { return backend_cpu_; }  // always present (sched needs it last)
     bool device_is_cpu() const { return backend_ == backend_cpu_; }
     int n_threads() const { return n_threads_; }
+    // the contexts holding every weight tensor (drafter, target host, target device)
+    std::vector<ggml_context *> weight_contexts() const { return {ctx_drafter_, ctx_target_, ctx_target_dev_}; }
     bool target_head_mapped() const { return target_mapped_; }  // some target tensors wrap the mmap in place
 
   private:

@@ -21,7 +21,15 @@ std::string describe(const ggml_tensor * t) {
 
 }  // namespace
 
-DrafterSched::DrafterSched(ggml_backend_t device, ggml_backend_t cpu, size_t graph_size) : graph_size_(graph_size) {
+DrafterSched::DrafterSched(ggml_backend_t device, ggml_backend_t cpu, size_t graph_size,
+                           const std::vector<ggml_context *> & external)
+    : graph_size_(graph_size) {
+    for (ggml_context * ctx : external) {
+        if (ctx == nullptr) continue;
+        for (ggml_tensor * t = ggml_get_first_tensor(ctx); t != nullptr; t = ggml_get_next_tensor(ctx, t)) {
+            external_.insert(t);
+        }
+    }
     if (device != cpu) backends_.push_back(device);
     backends_.push_back(cpu);  // the scheduler takes the last backend for the CPU
     sched_ = ggml_backend_sched_new(backends_.data(), nullptr, static_cast<int>(backends_.size()), graph_size, false,
@@ -61,13 +69,13 @@ void DrafterSched::check(const DrafterGraph & g) const {
             const ggml_tensor * src = node->src[j];
             if (src == nullptr) continue;
             all.insert(src);
-            // "all inputs should be assigned by now": an input the graph did not
-            // build must be a weight or the cache, never a scheduler's copy
-            const ggml_backend_buffer_t buf = storage(src);
-            if (own.count(src) == 0 &&
-                (buf == nullptr || ggml_backend_buffer_get_usage(buf) == GGML_BACKEND_BUFFER_USAGE_COMPUTE)) {
-                throw Error("input " + describe(src) + " of drafter node " + describe(node) +
-                            " does not belong to this graph (left over from an earlier schedule)");
+            // "all inputs should be assigned by now": an input is built by this
+            // graph or is a weight / the cache, never a scheduler's copy from
+            // an earlier split (not dereferenced: it may be gone)
+            if (own.count(src) == 0 && external_.count(src) == 0) {
+                throw Error("input #" + std::to_string(j) + " of drafter node " + describe(node) +
+                            " is neither built by this graph nor a weight or cache tensor (left over from an "
+                            "earlier schedule)");
             }
         }
     }

@@ -15,6 +15,7 @@
 #include <ggml.h>
 
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace pdf2 {
@@ -23,8 +24,10 @@ struct DrafterGraph;
 
 class DrafterSched {
   public:
-    // device may equal cpu (then the scheduler has the CPU alone)
-    DrafterSched(ggml_backend_t device, ggml_backend_t cpu, size_t graph_size);
+    // device may equal cpu (then the scheduler has the CPU alone); external:
+    // the contexts of the pre-allocated tensors graphs may read (weights, cache)
+    DrafterSched(ggml_backend_t device, ggml_backend_t cpu, size_t graph_size,
+                 const std::vector<ggml_context *> & external);
     ~DrafterSched();
     DrafterSched(const DrafterSched &) = delete;
     DrafterSched & operator=(const DrafterSched &) = delete;
@@ -45,6 +48,7 @@ class DrafterSched {
     std::string backend_names() const;
 
     std::vector<ggml_backend_t> backends_;
+    std::unordered_set<const ggml_tensor *> external_;
     size_t graph_size_;
     ggml_backend_sched_t sched_ = nullptr;
     const DrafterGraph * held_ = nullptr;
