@@ -167,8 +167,23 @@ def stale_graph(drafter: str, target: str, device: str) -> dict[str, Any]:
     return res
 
 
-SCENARIOS = {"drafter_cycles": drafter_cycles, "speculate": speculate, "device_errors": device_errors,
-             "stale_graph": stale_graph}
+def speculator_rpc_servers(target: str, drafter: str, endpoints: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """Speculator(rpc_servers=..., n_gpu_layers=99) from a target path; the servers are registered already."""
+    from pydflash2 import Speculator, native_info
+
+    with Speculator(target, drafter, n_ctx=512, n_threads=1, n_max=3, device="RPC1", rpc_servers=endpoints,
+                    n_gpu_layers=99) as spec:
+        tokens = spec.generate(prompt, max_tokens=max_tokens, chat=False).tokens
+    return {"tokens": tokens, "devices": [d["name"] for d in native_info()["devices"]]}
+
+
+SCENARIOS = {
+    "drafter_cycles": drafter_cycles,
+    "speculate": speculate,
+    "speculator_rpc_servers": speculator_rpc_servers,
+    "device_errors": device_errors,
+    "stale_graph": stale_graph,
+}
 
 
 def client_main(request: dict[str, Any]) -> None:
@@ -333,6 +348,13 @@ def test_scheduler_assert_becomes_an_error(rpc_servers, models) -> None:
     fresh = stale_graph(device="CPU", **args)
     assert fresh["error"] is None
     assert stale["first"] == fresh["first"] and stale["retry"] == fresh["retry"]
+
+
+def test_speculator_rpc_servers_argument(rpc_servers, models, cpu_reference) -> None:
+    res = run_client(rpc_servers, "speculator_rpc_servers", target=models["target"], drafter=models["v2"],
+                     endpoints=",".join(rpc_servers), prompt=PROMPTS[0], max_tokens=MAX_TOKENS)["result"]
+    assert res["tokens"] == cpu_reference[PROMPTS[0]]
+    assert res["devices"] == ["CPU", "RPC0", "RPC1"]  # registering the same servers again adds nothing
 
 
 def test_device_names_and_auto(rpc_servers, models) -> None:
