@@ -66,6 +66,8 @@ def read_target(path: Path) -> TargetFacts:
     try:
         meta = model.metadata()  # with vocab_only llama.cpp skips the hparams, not the key/value pairs
         arch = meta.get("general.architecture", "")
+        if arch == "dflash":
+            raise ModelfileError(f"{path} is a DFlash drafter, not a target model")
 
         def number(key: str, required: bool = True) -> int:
             try:

@@ -144,6 +144,8 @@ def test_help_works_on_every_subcommand(tmp_path, name: str) -> None:
 
 def _mistakes(tmp: Path, target: Path, drafter: Path) -> list[tuple[tuple[str, ...], str]]:
     missing = str(tmp / "missing.gguf")
+    junk = tmp / "junk.gguf"
+    junk.write_text("not a model")
     t, d = str(target), str(drafter)
     return [
         (("no-such-command",), "invalid choice"),
@@ -153,9 +155,13 @@ def _mistakes(tmp: Path, target: Path, drafter: Path) -> list[tuple[tuple[str, .
         (("generate", "hi", "--model", t, "--draft", t, "--n-ctx", "256"), "general.architecture"),
         (("bench", "--n-max", "2,many"), "--n-max"),
         (("bench", "--prompts", str(tmp / "missing.txt"), "--model", t), "--prompts"),
+        (("bench", "--model", t, "--draft", t, "--n-ctx", "256", "--out", str(tmp / "b")), "general.architecture"),
+        (("bench", "--model", str(junk), "--out", str(tmp / "b")), "junk.gguf"),
+        (("generate", "hi", "--model", str(junk)), "junk.gguf"),
         (("info", missing), "missing.gguf"),
         (("info", t), "general.architecture"),
-        (("convert", "--bogus"), "--bogus"),
+        (("convert", str(tmp), "--target", t, "-o", str(tmp / "out.gguf"), "--bogus"),
+         "unrecognized arguments: --bogus"),
         (("convert", str(tmp / "no-such-dir"), "--target", t, "-o", str(tmp / "out.gguf")), "no-such-dir"),
         (("random-drafter", missing, "-o", str(tmp / "r.gguf")), "not found"),
         (("modelfile", "--n-max", "0", "--draft", d), "--n-max"),

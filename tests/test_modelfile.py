@@ -217,9 +217,11 @@ def test_smollm2_refuses_the_tiny_drafter(target_gguf: Path, drafter2_gguf: Path
         modelfile("smollm2", drafter2_gguf)
 
 
-def test_a_target_is_no_drafter(target_gguf: Path) -> None:
+def test_a_target_is_no_drafter_and_a_drafter_no_target(target_gguf: Path, drafter2_gguf: Path) -> None:
     with pytest.raises(ModelfileError, match="not a usable drafter: .*general.architecture"):
         modelfile(target_gguf, target_gguf)
+    with pytest.raises(ModelfileError, match="is a DFlash drafter, not a target model"):
+        modelfile(drafter2_gguf, drafter2_gguf)
 
 
 def test_missing_files(tmp_path: Path, target_gguf: Path, drafter2_gguf: Path) -> None:

@@ -25,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .._native import NativeError
     from ..bench import DEFAULT_PROMPTS, BenchConfig, run_bench
     from ..models import resolve_target
 
@@ -50,4 +51,7 @@ def run(args: argparse.Namespace) -> int:
         selectors=selectors, max_tokens=args.max_tokens, repeats=args.repeats, chat=not args.raw,
         n_ctx=args.n_ctx, n_threads=args.threads, device=args.device, out_dir=Path(args.out),
     )
-    return run_bench(config)
+    try:
+        return run_bench(config)
+    except (ValueError, NativeError) as e:  # an unloadable model, a bad drafter or a mismatched pair
+        raise CliError(str(e)) from None

@@ -36,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .._native import NativeError
     from ..models import resolve_target
     from ..speculator import GenerationError, Speculator
 
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
             resolve_target(args.model), args.draft, n_ctx=args.n_ctx, n_threads=args.threads,
             n_max=args.n_max if args.draft else 0, selector=args.selector, device=args.device,
         )
-    except (OSError, ValueError, GenerationError) as e:
+    except (OSError, ValueError, NativeError) as e:  # NativeError: a bad drafter or a mismatched pair
         raise CliError(str(e)) from None
     kwargs = dict(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
