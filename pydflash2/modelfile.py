@@ -121,10 +121,12 @@ def quote(value: str) -> str:
     if value and not any(c.isspace() for c in value) and not value.startswith('"'):
         return value
     breaks = [i for i, c in enumerate(value) if c == "\n"]
-    if not value.startswith('""') and not any(value[:i].rstrip().endswith('"') for i in breaks):
-        return f'"{value}"'
-    if not any(value[:i].rstrip().endswith('"""') for i in breaks):
+    single_ok = not value.startswith('""') and not any(value[:i].rstrip().endswith('"') for i in breaks)
+    triple_ok = not any(value[:i].rstrip().endswith('"""') for i in breaks)
+    if triple_ok and (breaks or not single_ok):  # """ is the usual way to write a multi-line value
         return f'"""{value}"""'
+    if single_ok:
+        return f'"{value}"'
     raise ModelfileError(f"{value!r} cannot be quoted for a Modelfile")
 
 

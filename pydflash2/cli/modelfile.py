@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..modelfile import ModelfileError, modelfile
+    from ..modelfile import ModelfileError, ModelfileWarning, modelfile
 
     out = Path(args.output) if args.output else (Path(args.bundle) / "Modelfile" if args.bundle else None)
     if out is not None:
@@ -60,13 +60,14 @@ def run(args: argparse.Namespace) -> int:
         if not args.bundle and not out.parent.is_dir():
             raise CliError(f"output folder {out.parent} does not exist")
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+        warnings.simplefilter("always", ModelfileWarning)
         try:
             text = modelfile(args.model, args.draft, n_max=args.n_max, num_ctx=args.num_ctx, bundle=args.bundle)
         except (ModelfileError, FileNotFoundError) as e:
             raise CliError(str(e)) from None
     for w in caught:
-        print(f"pydflash2 {NAME}: warning: {w.message}", file=sys.stderr)
+        if issubclass(w.category, ModelfileWarning):
+            print(f"pydflash2 {NAME}: warning: {w.message}", file=sys.stderr)
     if out is None:
         sys.stdout.write(text)
         return 0
