@@ -158,26 +158,29 @@ def _check_fit(target_path: Path, facts: TargetFacts, draft_path: Path, hp: dict
         warnings.warn(w, ModelfileWarning, stacklevel=3)
 
 
-def _bundle(files: list[Path], folder: Path) -> list[Path]:
-    """Hard-links (or copies, across file systems) each file into folder; a file
-    already there is kept if identical and refused otherwise."""
-    folder.mkdir(parents=True, exist_ok=True)
+def _bundle_paths(files: list[Path], folder: Path) -> list[Path]:
+    """Where --bundle puts each file: in folder, under its own name (numbered when
+    target and drafter are both called model.gguf)."""
     names = [f.name for f in files]
-    if len(set(names)) != len(names):  # target and drafter both called model.gguf
+    if len(set(names)) != len(names):
         names = [f"{i}-{n}" for i, n in enumerate(names)]
-    out = []
-    for src, name in zip(files, names, strict=True):
-        dst = folder / name
+    return [(folder / n).absolute() for n in names]
+
+
+def _link_or_copy(pairs: list[tuple[Path, Path]]) -> None:
+    """Hard-links each src to its dst (a copy across file systems). A file already at
+    dst is kept if identical; one that differs stops everything before anything is made."""
+    for src, dst in pairs:
+        if dst.exists() and not (os.path.samefile(src, dst) or filecmp.cmp(src, dst, shallow=False)):
+            raise ModelfileError(f"{dst} exists and differs from {src}; remove it or bundle elsewhere")
+    for src, dst in pairs:
         if dst.exists():
-            if not (os.path.samefile(src, dst) or filecmp.cmp(src, dst, shallow=False)):
-                raise ModelfileError(f"{dst} exists and differs from {src}; remove it or bundle elsewhere")
-        else:
-            try:
-                os.link(src, dst)
-            except OSError:
-                shutil.copy2(src, dst)
-        out.append(dst.absolute())
-    return out
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
 
 
 def modelfile(
@@ -231,8 +234,9 @@ def modelfile(
     template = None
     if facts.chat_template:
         template = derive_ollama_template(facts.chat_template, facts.bos_token, facts.eos_token)
+    sources = [target_path, draft_path]
     if bundle is not None:
-        target_path, draft_path = _bundle([target_path, draft_path], Path(bundle))
+        target_path, draft_path = _bundle_paths(sources, Path(bundle))
 
     from . import __version__
 
@@ -254,4 +258,6 @@ def modelfile(
         lines.append(f"TEMPLATE {quote(template.go_template)}")
         if template.default_system is not None:
             lines.append(f"SYSTEM {quote(template.default_system)}")
+    if bundle is not None:  # only once the text is known to be writable
+        _link_or_copy(list(zip(sources, (target_path, draft_path), strict=True)))
     return "\n".join(lines) + "\n"

@@ -175,9 +175,11 @@ def test_bundle_links_both_files_beside_the_modelfile(tmp_path: Path, target_ggu
     assert modelfile(target_gguf, drafter2_gguf, bundle=bundle) == text  # a rerun keeps what is there
     (bundle / drafter2_gguf.name).unlink()
     (bundle / drafter2_gguf.name).write_bytes(b"something else")
+    (bundle / target_gguf.name).unlink()
     with pytest.raises(ModelfileError, match="exists and differs"):
         modelfile(target_gguf, drafter2_gguf, bundle=bundle)
     assert (bundle / drafter2_gguf.name).read_bytes() == b"something else"
+    assert not (bundle / target_gguf.name).exists()  # nothing made when the bundle is refused
 
 
 def test_bundle_keeps_same_named_files_apart(tmp_path: Path, target_gguf: Path, drafter2_gguf: Path) -> None:
