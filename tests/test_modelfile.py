@@ -213,6 +213,14 @@ def test_a_drafter_for_another_target_is_refused(tmp_path: Path, drafter2_gguf: 
         modelfile(shallow, drafter2_gguf)
 
 
+def test_a_tap_on_the_last_layer_is_written_with_the_converters_warning(tmp_path: Path,
+                                                                       drafter2_gguf: Path) -> None:
+    three = testing.make_target_gguf(tmp_path / "three.gguf", testing.TargetSpec(n_layer=3))
+    with pytest.warns(ModelfileWarning, match="target layer id 2 is the target's last layer"):
+        text = modelfile(three, drafter2_gguf)
+    assert read_back(text, tmp_path)["draft_files"] == [str(drafter2_gguf)]
+
+
 def test_smollm2_refuses_the_tiny_drafter(target_gguf: Path, drafter2_gguf: Path,
                                           smollm2_pair: tuple[Path, Path]) -> None:
     with pytest.raises(ModelfileError, match="vocab size mismatch"):
