@@ -57,11 +57,14 @@ def test_parser_follows_ollamas_grammar() -> None:
         'MESSAGE system """\nYou are a parser.\n"""\n'
         "License MIT\n"
         "SYSTEM be brief\n"
+        "ADAPTER ./lora.gguf\n"
+        "requires 0.30.0\n"
     )
     assert parse(text) == [
         ("model", "base"), ("draft", "./assistant"), ("stop", "<|im_end|>"), ("stop", "two words"),
         ("what", "the"), ("template", "{{ .Prompt }}\n\n   indented"),
         ("message", "system: \nYou are a parser.\n"), ("license", "MIT"), ("system", "be brief"),
+        ("adapter", "./lora.gguf"), ("requires", "0.30.0"),
     ]
     # Ollama's own parser_test.go cases
     assert parse('FROM "     model 1"') == [("model", "     model 1")]
@@ -95,6 +98,7 @@ def test_create_rejects_unknown_and_mistyped_parameters(tmp_path: Path) -> None:
         read_back("FROM foo\nPARAMETER temperature hot\n", tmp_path)
     with pytest.raises(CreateError, match="semver"):
         read_back("FROM foo\nREQUIRES latest\n", tmp_path)
+    assert read_back("FROM foo\nREQUIRES 0.30.0\n", tmp_path)["requires"] == "0.30.0"
     req = read_back("FROM foo\nPARAMETER mirostat 1\nPARAMETER use_mmap false\nPARAMETER stop a\nPARAMETER stop b\n",
                     tmp_path)
     assert req["parameters"] == {"use_mmap": False, "stop": ["a", "b"]}
