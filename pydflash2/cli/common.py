@@ -80,3 +80,9 @@ def setup_devices(args: argparse.Namespace) -> None:
             resolve_device(args.device)
     except DeviceError as e:
         raise CliError(str(e)) from None
+
+
+def add_exact_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--exact", action="store_true",
+                   help="refuse to run unless greedy output is bit-identical to plain decoding (needs a "
+                        "batch-invariant llama-cpp-python; `pydflash2 info` shows whether this one is)")
