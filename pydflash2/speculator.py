@@ -52,6 +52,23 @@ def _check(rc: int, what: str) -> int:
     return rc
 
 
+def chat_prompt_tokens(llm: llama_cpp.Llama, messages: Sequence[dict[str, Any]]) -> list[int]:
+    """Token ids of chat messages rendered by the GGUF's chat template, as
+    llama-cpp-python renders them (Jinja2ChatFormatter); ValueError without one."""
+    template = llm.metadata.get("tokenizer.chat_template")
+    if not template:
+        raise ValueError("the target model has no chat template: pass chat=False (raw prompt) or token ids")
+
+    def token_text(token: int) -> str:
+        return "" if token < 0 else llm._model.token_get_text(token)
+
+    formatter = Jinja2ChatFormatter(
+        template=template, eos_token=token_text(llm.token_eos()), bos_token=token_text(llm.token_bos())
+    )
+    result = formatter(messages=list(messages))
+    return llm.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True)
+
+
 class Speculator:
     """Speculative decoding with a DFlash/DFlash2 drafter.
 
@@ -159,21 +176,7 @@ class Speculator:
             if bad:
                 raise ValueError(f"token ids outside the vocabulary (0..{n_vocab - 1}): {bad[:5]}")
             return ids
-        template = self.llm.metadata.get("tokenizer.chat_template")
-        if not template:
-            raise ValueError("the target model has no chat template: pass chat=False (raw prompt) or token ids")
-        formatter = Jinja2ChatFormatter(
-            template=template,
-            eos_token=self._token_text(self.llm.token_eos()),
-            bos_token=self._token_text(self.llm.token_bos()),
-        )
-        result = formatter(messages=list(messages))
-        return self.llm.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True)
-
-    def _token_text(self, token: int) -> str:
-        if token < 0:
-            return ""
-        return self.llm._model.token_get_text(token)
+        return chat_prompt_tokens(self.llm, messages)
 
     def _token_bytes(self, token: int) -> bytes:
         return self.llm.detokenize([token])

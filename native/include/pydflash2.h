@@ -115,6 +115,38 @@ int32_t pdf2_engine_begin(pdf2_engine * e, const int32_t * prompt, int32_t n_pro
 int32_t pdf2_engine_step(pdf2_engine * e, int32_t * out, int32_t max_out);
 char * pdf2_engine_stats_json(pdf2_engine * e);
 
+/* ---- Batch engine: continuous batching of several requests (server) ----
+ * Owns ONE target context made from target_model (a llama_model *, e.g.
+ * llama_cpp.Llama._model.model, which must outlive the engine) with n_slots
+ * sequences of n_ctx_slot tokens each. drafters: n_slots distinct drafters
+ * (each slot keeps its context in its drafter's cache), or NULL/0 with
+ * n_max = 0. n_threads <= 0: llama.cpp's default. flash_attn: -1 auto,
+ * 0 off, 1 on. Other options as for pdf2_engine_new. */
+typedef struct pdf2_batch_engine pdf2_batch_engine;
+
+pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_t n_slots, int32_t n_ctx_slot, int32_t n_threads,
+                                          int32_t flash_attn, pdf2_drafter ** drafters, int32_t n_drafters,
+                                          int32_t n_max, int32_t walk, int32_t q_top_k);
+void pdf2_batch_engine_free(pdf2_batch_engine * e);
+int32_t pdf2_batch_engine_max_draft(pdf2_batch_engine * e);
+int pdf2_batch_engine_set_costs(pdf2_batch_engine * e, const double * verify_s, int32_t n_verify,
+                                const double * draft_s, int32_t n_draft);
+/* As pdf2_engine_measure_costs, on a slot whose prefill is done. */
+int pdf2_batch_engine_measure_costs(pdf2_batch_engine * e, int32_t slot, int32_t reps, double * verify_s,
+                                    int32_t n_verify, double * draft_s, int32_t n_draft);
+/* Queues a prompt on an idle slot (prefilled by the next steps). 0 / -1. */
+int pdf2_batch_engine_start(pdf2_batch_engine * e, int32_t slot, const int32_t * prompt, int32_t n_prompt,
+                            float temperature, int32_t top_k, float top_p, float min_p, uint64_t seed);
+/* Frees a slot; a no-op on an idle one. 0 / -1. */
+int pdf2_batch_engine_stop(pdf2_batch_engine * e, int32_t slot);
+/* One target decode for all busy slots. counts[n_slots]: tokens committed per
+ * slot (0 none, -1 context full), tokens[n_slots][max_draft+1]. Returns the
+ * rows decoded (0 = every slot idle), -1 on failure. */
+int32_t pdf2_batch_engine_step(pdf2_batch_engine * e, int32_t * counts, int32_t n_counts, int32_t * tokens,
+                               int32_t n_tokens);
+/* JSON: engine-wide counters since creation (drafts, accepted per position, seconds...). */
+char * pdf2_batch_engine_stats_json(pdf2_batch_engine * e);
+
 /* cdef-end */
 
 #ifdef __cplusplus
