@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <string>
 
 namespace pdf2 {
@@ -38,10 +39,11 @@ llama_context * make_context(llama_model * model, const BatchEngineOptions & o) 
     p.n_batch = BATCH_ROWS;
     p.n_ubatch = BATCH_ROWS;
     p.n_seq_max = static_cast<uint32_t>(o.n_slots);
-    // One KV stream for all slots: llama.cpp then splits a batch into ubatches
-    // in batch order, so captured layer inputs line up with our batch rows
-    // (per-sequence streams reorder tokens across ubatches).
-    p.kv_unified = true;
+    // One KV stream per slot: a slot's K/V rows sit at the cells of their
+    // positions, as in a single-sequence context, so attention sums them in
+    // the same order whatever the other slots hold (a unified cache
+    // interleaves the slots' cells and changes the SIMD grouping).
+    p.kv_unified = false;
     if (o.n_threads > 0) {
         p.n_threads = o.n_threads;
         p.n_threads_batch = o.n_threads;
@@ -267,67 +269,7 @@ void BatchEngine::add_row(llama_token token, int32_t pos, int seq, bool logits) 
     batch_.n_tokens = i + 1;
 }
 
-int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
-    const size_t width = static_cast<size_t>(max_draft_) + 1;
-    counts.assign(slots_.size(), 0);
-    tokens.assign(slots_.size() * width, -1);
-
-    // 1. drafts: every decoding slot gets an equal share of the batch rows
-    int n_decode = 0;
-    for (size_t i = 0; i < slots_.size(); ++i) {
-        Slot & s = slots_[i];
-        if (s.state == State::Decode && s.pos >= opts_.n_ctx_slot) {
-            s.state = State::Full;
-            counts[i] = -1;
-        }
-        n_decode += s.state == State::Decode ? 1 : 0;
-    }
-    batch_.n_tokens = 0;
-    const int share = n_decode > 0 ? batch_cap_ / n_decode - 1 : 0;
-    for (Slot & s : slots_) {
-        if (s.state != State::Decode) {
-            continue;
-        }
-        // the verify rows [anchor, d1..dn] must fit the slot's context
-        const int n = std::min({choose_n_draft(s), opts_.n_ctx_slot - s.pos - 1, share});
-        draft(s, n);
-    }
-
-    // 2. one batch: verify rows of the decoding slots, then prompt chunks
-    for (size_t i = 0; i < slots_.size(); ++i) {
-        Slot & s = slots_[i];
-        if (s.state != State::Decode) {
-            continue;
-        }
-        s.row0 = batch_.n_tokens;
-        add_row(s.anchor, s.pos, static_cast<int>(i), true);
-        for (size_t j = 0; j < s.drafts.size(); ++j) {
-            add_row(s.drafts[j], s.pos + 1 + static_cast<int32_t>(j), static_cast<int>(i), true);
-        }
-        s.n_rows = batch_.n_tokens - s.row0;
-    }
-    const int n_slots_i = n_slots();
-    for (int k = 0; k < n_slots_i && batch_.n_tokens < batch_cap_; ++k) {
-        const int i = (prefill_cursor_ + k) % n_slots_i;
-        Slot & s = slots_[static_cast<size_t>(i)];
-        if (s.state != State::Prefill) {
-            continue;
-        }
-        const int32_t left = static_cast<int32_t>(s.prompt.size()) - s.n_prefilled;
-        const int32_t chunk = std::min(left, batch_cap_ - batch_.n_tokens);
-        s.row0 = batch_.n_tokens;
-        for (int32_t j = 0; j < chunk; ++j) {
-            const int32_t p = s.n_prefilled + j;
-            add_row(s.prompt[static_cast<size_t>(p)], p, i, j == left - 1);
-        }
-        s.n_rows = chunk;
-    }
-    prefill_cursor_ = (prefill_cursor_ + 1) % n_slots_i;
-    if (batch_.n_tokens == 0) {
-        return 0;
-    }
-
-    // 3. the target decode
+void BatchEngine::decode_batch() {
     const auto t0 = Clock::now();
     const int32_t rc = llama_decode(ctx_.get(), batch_);
     stats_.decode_s += seconds_since(t0);
@@ -337,18 +279,87 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
     }
     stats_.n_steps += 1;
     stats_.n_rows += batch_.n_tokens;
+}
 
-    // 4. verify / finish prefills, slot by slot
+int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
+    counts.assign(slots_.size(), 0);
+    tokens.assign(slots_.size() * (static_cast<size_t>(max_draft_) + 1), -1);
+    int rows = 0;
+
+    // 1. drafts. Every decoding slot verifies the same number of rows: llama.cpp
+    // splits a multi-sequence batch into ubatches of equal rows per sequence,
+    // so equal rows keep it one ubatch (and our rows in batch order). The
+    // common draft length is the longest any slot's policy asks for.
+    int n_decode = 0;
+    int n_common = 0;
     for (size_t i = 0; i < slots_.size(); ++i) {
         Slot & s = slots_[i];
-        if (s.state == State::Decode) {
-            finish_decode(static_cast<int>(i), s, counts, tokens);
-        } else if (s.state == State::Prefill && s.n_rows > 0) {
-            finish_prefill(static_cast<int>(i), s, counts, tokens);
+        if (s.state == State::Decode && s.pos >= opts_.n_ctx_slot) {
+            s.state = State::Full;
+            counts[i] = -1;
         }
-        s.n_rows = 0;
+        if (s.state == State::Decode) {
+            n_decode += 1;
+            n_common = std::max(n_common, choose_n_draft(s));
+        }
     }
-    return static_cast<int>(batch_.n_tokens);
+    const int share = n_decode > 0 ? batch_cap_ / n_decode - 1 : 0;
+    std::map<int, std::vector<int>> groups;  // verify rows -> slots (a slot near its context end drafts less)
+    for (size_t i = 0; i < slots_.size(); ++i) {
+        Slot & s = slots_[i];
+        if (s.state != State::Decode) {
+            continue;
+        }
+        // the verify rows [anchor, d1..dn] must fit the slot's context
+        const int n = s.drafter == nullptr ? 0 : std::min({n_common, opts_.n_ctx_slot - s.pos - 1, share});
+        draft(s, n);
+        groups[n + 1].push_back(static_cast<int>(i));
+    }
+
+    // 2. one target decode per group of equal rows (normally one), slots in order
+    for (const auto & [n_rows, members] : groups) {
+        batch_.n_tokens = 0;
+        for (const int i : members) {
+            Slot & s = slots_[static_cast<size_t>(i)];
+            s.row0 = batch_.n_tokens;
+            add_row(s.anchor, s.pos, i, true);
+            for (size_t j = 0; j < s.drafts.size(); ++j) {
+                add_row(s.drafts[j], s.pos + 1 + static_cast<int32_t>(j), i, true);
+            }
+        }
+        decode_batch();
+        rows += batch_.n_tokens;
+        for (const int i : members) {
+            finish_decode(i, slots_[static_cast<size_t>(i)], counts, tokens);
+        }
+    }
+
+    // 3. prompt chunks, one decode per slot (a sequence alone is one ubatch), at
+    // most batch_cap_ prompt rows per step so that decoding slots keep their pace
+    const int n_slots_i = n_slots();
+    int budget = batch_cap_;
+    for (int k = 0; k < n_slots_i && budget > 0; ++k) {
+        const int i = (prefill_cursor_ + k) % n_slots_i;
+        Slot & s = slots_[static_cast<size_t>(i)];
+        if (s.state != State::Prefill) {
+            continue;
+        }
+        const int32_t left = static_cast<int32_t>(s.prompt.size()) - s.n_prefilled;
+        const int32_t chunk = std::min(left, budget);
+        batch_.n_tokens = 0;
+        s.row0 = 0;
+        for (int32_t j = 0; j < chunk; ++j) {
+            const int32_t p = s.n_prefilled + j;
+            add_row(s.prompt[static_cast<size_t>(p)], p, i, j == left - 1);
+        }
+        s.n_rows = chunk;
+        decode_batch();
+        rows += chunk;
+        budget -= chunk;
+        finish_prefill(i, s, counts, tokens);
+    }
+    prefill_cursor_ = (prefill_cursor_ + 1) % n_slots_i;
+    return rows;
 }
 
 void BatchEngine::finish_decode(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {

@@ -2,10 +2,10 @@
 // batching, as llama-server does it). Each slot is its own llama.cpp sequence
 // (seq_id = slot index) in ONE target context that this engine creates, with
 // its own drafter (K/V cache), sampler and draft-length policy. One step
-// drafts a block for every decoding slot, packs all verify rows and any
-// pending prompt chunks into a single llama_decode, and verifies each slot
-// with the same rules as the single-request SpecEngine. A slot started
-// between two steps joins at the next one.
+// drafts a block for every decoding slot, verifies all their blocks in a
+// single llama_decode (each slot with the rules of the single-request
+// SpecEngine), then prefills a chunk of any newly started prompt. A slot
+// started between two steps joins at the next one.
 #pragma once
 
 #include "draft_length.h"
@@ -105,6 +105,7 @@ class BatchEngine {
     void queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0);
     void flush_rows(Slot & s);
     void add_row(llama_token token, int32_t pos, int seq, bool logits);
+    void decode_batch();
     void finish_decode(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     void finish_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     Slot & slot_at(int slot);

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from sse_starlette.sse import EventSourceResponse
@@ -63,20 +63,25 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, e: ApiError) -> JSONResponse:
-        metrics.requests.labels(status="rejected" if e.status == 503 else "invalid" if e.status < 500 else "error").inc()
+        # 499 (client gone) and 5xx are counted by the scheduler, which saw them happen
+        if e.status == 503:
+            metrics.requests.labels(status="rejected").inc()
+        elif 400 <= e.status < 499:
+            metrics.requests.labels(status="invalid").inc()
         return JSONResponse(schemas.error_body(e.message, e.type, e.param, e.code), status_code=e.status,
                             headers=e.headers)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next: Callable[[Request], Any]) -> Response:
-        if config.api_key is not None and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {config.api_key}".encode()):
-                metrics.requests.labels(status="invalid").inc()
-                return JSONResponse(schemas.error_body("invalid or missing API key (Authorization: Bearer KEY)",
-                                                       "authentication_error", code="invalid_api_key"),
-                                    status_code=401)
-        return await call_next(request)
+    # a dependency, not an HTTP middleware: Starlette's BaseHTTPMiddleware wraps
+    # `receive`, and handlers then no longer see a client's disconnect
+    async def require_key(request: Request) -> None:
+        if config.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not secrets.compare_digest(given.encode(), f"Bearer {config.api_key}".encode()):
+            raise ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)",
+                           type_="authentication_error", code="invalid_api_key")
+
+    protected = [Depends(require_key)]  # every route but /health
 
     @app.exception_handler(404)
     async def _not_found(request: Request, _: Exception) -> JSONResponse:
@@ -94,17 +99,17 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
             return JSONResponse({"status": "error", "error": scheduler.fatal}, status_code=503)
         return JSONResponse({"status": "ok", **scheduler.load()})
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=protected)
     async def metrics_endpoint() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=protected)
     async def models() -> JSONResponse:
         return JSONResponse({"object": "list", "data": [
             {"id": config.model_id, "object": "model", "created": schemas.now(), "owned_by": "pydflash2",
              "meta": {"n_ctx": config.n_ctx, "n_slots": scheduler.engine.n_slots}}]})
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=protected)
     async def completions(request: Request) -> Response:
         body = await _read_body(request, schemas.CompletionRequest, config.max_body_bytes)
         _check_model(body.model, config)
@@ -127,7 +132,7 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
                                  schemas.usage(done.prompt_tokens, done.completion_tokens))
         return JSONResponse(_with_token_ids(out, body, done))
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=protected)
     async def chat_completions(request: Request) -> Response:
         body = await _read_body(request, schemas.ChatCompletionRequest, config.max_body_bytes)
         _check_model(body.model, config)

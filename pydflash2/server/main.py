@@ -43,13 +43,14 @@ class ServerOptions:
 
 def _exact_flash_attn(opts: ServerOptions) -> bool | None:
     """--exact: refuse a build whose forward is not batch-invariant; the
-    flash-attention setting the exactness module chooses (None: llama.cpp's)."""
+    flash-attention setting the exactness module chooses (off without it:
+    flash attention over >= 512 KV cells is not batch-invariant on the CPU)."""
     try:
         from .. import exactness  # type: ignore[attr-defined]
     except ImportError:
         if opts.exact:
             raise RuntimeError("--exact needs pydflash2.exactness, which this version lacks") from None
-        return None
+        return False
     if opts.exact:
         inv = exactness.build_invariance()
         if not inv:
