@@ -231,9 +231,11 @@ def test_disconnect_mid_stream_frees_the_slot(one_slot: ServerProcess) -> None:
         for line in r.iter_lines():
             if line.startswith("data:"):
                 break  # first token arrived: hang up
+    # the slot is freed before the next step; the bound is loose only because a
+    # step can take seconds on a loaded CI machine (the token count below is the tight check)
     t0 = time.monotonic()
     while httpx.get(one_slot.url + "/health").json()["busy"] != 0:
-        assert time.monotonic() - t0 < 5, "the slot stayed busy after the client left"
+        assert time.monotonic() - t0 < 60, "the slot stayed busy after the client left"
         time.sleep(0.02)
     after = metrics(one_slot.url)
     key = ("pydflash2:requests_total", (("status", "aborted"),))
@@ -252,7 +254,7 @@ def test_non_streaming_disconnect_frees_the_slot(one_slot: ServerProcess) -> Non
     t0 = time.monotonic()
     while metrics(one_slot.url)[("pydflash2:requests_total", (("status", "aborted"),))] != \
             before[("pydflash2:requests_total", (("status", "aborted"),))] + 1:
-        assert time.monotonic() - t0 < 5, "a vanished non-streaming client kept its slot"
+        assert time.monotonic() - t0 < 60, "a vanished non-streaming client kept its slot"
         time.sleep(0.05)
 
 

@@ -120,12 +120,13 @@ char * pdf2_engine_stats_json(pdf2_engine * e);
  * llama_cpp.Llama._model.model, which must outlive the engine) with n_slots
  * sequences of n_ctx_slot tokens each. drafters: n_slots distinct drafters
  * (each slot keeps its context in its drafter's cache), or NULL/0 with
- * n_max = 0. n_threads <= 0: llama.cpp's default. flash_attn: -1 auto,
+ * n_max = 0. n_threads (one-row decodes) / n_threads_batch (larger ones)
+ * <= 0: llama.cpp's default. flash_attn: -1 auto,
  * 0 off, 1 on. Other options as for pdf2_engine_new. */
 typedef struct pdf2_batch_engine pdf2_batch_engine;
 
 pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_t n_slots, int32_t n_ctx_slot, int32_t n_threads,
-                                          int32_t flash_attn, pdf2_drafter ** drafters, int32_t n_drafters,
+                                          int32_t n_threads_batch, int32_t flash_attn, pdf2_drafter ** drafters, int32_t n_drafters,
                                           int32_t n_max, int32_t walk, int32_t q_top_k);
 void pdf2_batch_engine_free(pdf2_batch_engine * e);
 int32_t pdf2_batch_engine_max_draft(pdf2_batch_engine * e);

@@ -46,7 +46,9 @@ llama_context * make_context(llama_model * model, const BatchEngineOptions & o) 
     p.kv_unified = false;
     if (o.n_threads > 0) {
         p.n_threads = o.n_threads;
-        p.n_threads_batch = o.n_threads;
+    }
+    if (o.n_threads_batch > 0) {
+        p.n_threads_batch = o.n_threads_batch;
     }
     p.flash_attn_type = o.flash_attn < 0 ? LLAMA_FLASH_ATTN_TYPE_AUTO
                         : o.flash_attn == 0 ? LLAMA_FLASH_ATTN_TYPE_DISABLED

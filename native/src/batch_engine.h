@@ -24,7 +24,8 @@ namespace pdf2 {
 struct BatchEngineOptions {
     int n_slots = 1;
     int32_t n_ctx_slot = 4096;  // context of each slot (the KV cache holds n_slots x this)
-    int n_threads = 0;          // <= 0: llama.cpp's default
+    int n_threads = 0;          // one-row decodes; <= 0: llama.cpp's default
+    int n_threads_batch = 0;    // larger decodes; <= 0: llama.cpp's default
     int flash_attn = -1;        // -1 auto, 0 off, 1 on
     int n_max = -1;             // drafts per block: -1 = adaptive, 0 = plain decoding
     int walk = -1;              // WalkMode, or -1 = sample when the target samples, else greedy

@@ -25,7 +25,8 @@ pdf2::BatchEngine & get(pdf2_batch_engine * e) {
 }  // namespace
 
 extern "C" pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_t n_slots, int32_t n_ctx_slot,
-                                                     int32_t n_threads, int32_t flash_attn, pdf2_drafter ** drafters,
+                                                     int32_t n_threads, int32_t n_threads_batch, int32_t flash_attn,
+                                                     pdf2_drafter ** drafters,
                                                      int32_t n_drafters, int32_t n_max, int32_t walk,
                                                      int32_t q_top_k) {
     return pdf2::guarded<pdf2_batch_engine *>(nullptr, [&] {
@@ -49,6 +50,7 @@ extern "C" pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_
         opts.n_slots = n_slots;
         opts.n_ctx_slot = n_ctx_slot;
         opts.n_threads = n_threads;
+        opts.n_threads_batch = n_threads_batch;
         opts.flash_attn = flash_attn;
         opts.n_max = n_max;
         opts.walk = walk;

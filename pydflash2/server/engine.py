@@ -68,8 +68,9 @@ class BatchEngine:
             raise FileNotFoundError(f"target model not found: {path}")
         if draft is not None and not Path(draft).is_file():
             raise FileNotFoundError(f"drafter not found: {draft}")
+        # threads as llama-cpp-python sets them: one-row decodes use n_threads, larger ones n_threads_batch
         self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=_TOKENIZER_CTX, n_batch=64, n_threads=n_threads,
-                                   verbose=verbose)
+                                   n_threads_batch=n_threads, verbose=verbose)
         self.model_path = str(path)
         self.n_slots = int(n_slots)
         self.n_ctx = int(n_ctx)
@@ -84,7 +85,7 @@ class BatchEngine:
         model_addr = ctypes.cast(self.llm._model.model, ctypes.c_void_p).value
         handles = ffi.new("pdf2_drafter *[]", [d._h for d in self.drafters] or [ffi.NULL])
         handle = lib.pdf2_batch_engine_new(
-            ffi.cast("void *", model_addr), self.n_slots, self.n_ctx, threads,
+            ffi.cast("void *", model_addr), self.n_slots, self.n_ctx, int(self.llm.context_params.n_threads), threads,
             -1 if flash_attn is None else int(flash_attn), handles, len(self.drafters),
             -1 if self.n_max == "auto" else int(self.n_max), SELECTORS[selector], 16,
         )
