@@ -13,6 +13,7 @@ import llama_cpp
 import uvicorn
 from fastapi import FastAPI
 
+from .. import exactness
 from ..models import resolve_target
 from ..speculator import chat_prompt_tokens
 from .app import ServerConfig, Tokenizer, create_app
@@ -41,21 +42,15 @@ class ServerOptions:
     log_level: str = "warning"
 
 
-def _exact_flash_attn(opts: ServerOptions) -> bool | None:
-    """--exact: refuse a build whose forward is not batch-invariant; the
-    flash-attention setting the exactness module chooses (off without it:
-    flash attention over >= 512 KV cells is not batch-invariant on the CPU)."""
-    try:
-        from .. import exactness  # type: ignore[attr-defined]
-    except ImportError:
-        if opts.exact:
-            raise RuntimeError("--exact needs pydflash2.exactness, which this version lacks") from None
-        return False
+def _exact_flash_attn(opts: ServerOptions) -> bool:
+    """--exact: refuse a build whose forward is not batch-invariant. Flash
+    attention stays off (llama-cpp-python's default; exactness.flash_attn_for
+    keeps it off in exact mode over >= 512 KV cells)."""
     if opts.exact:
         inv = exactness.build_invariance()
         if not inv:
             raise RuntimeError(exactness.unavailable_message(inv))
-    return bool(exactness.flash_attn_for(opts.n_ctx, opts.exact))
+    return exactness.flash_attn_for(opts.n_ctx, opts.exact, False)
 
 
 def build_app(opts: ServerOptions) -> tuple[FastAPI, BatchEngine, Scheduler]:
