@@ -29,6 +29,7 @@ import ctypes
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -188,6 +189,48 @@ class CapturingContext:
 
     def close(self) -> None:
         self.context.close()
+
+    def features(self, tokens: Sequence[int], layers: Sequence[int], pos0: int = 0) -> np.ndarray:
+        """Decodes tokens into sequence 0 at positions pos0.. (in n_ubatch chunks) and
+        returns the inputs of `layers` (dflash.target_layers values) for every token:
+        [len(tokens), len(layers) * n_embd] float32, layers concatenated in order, as
+        the drafter reads them. Asking for input n_layer (the last layer's output)
+        makes every row output logits: llama.cpp computes that layer only for those."""
+        import llama_cpp
+        from llama_cpp import _internals
+
+        model = self.context.model.model
+        H = int(llama_cpp.llama_model_n_embd(model))
+        n_layer = int(llama_cpp.llama_model_n_layer(model))
+        arch = _model_arch(model)
+        all_rows = any(int(lid) == n_layer for lid in layers)
+        step = int(min(llama_cpp.llama_n_batch(self.ctx), llama_cpp.llama_n_ubatch(self.ctx)))
+        toks = [int(t) for t in tokens]
+        out = np.empty((len(toks), len(layers) * H), dtype=np.float32)
+        batch = _internals.LlamaBatch(n_tokens=step, embd=0, n_seq_max=1, verbose=False)
+        try:
+            for i0 in range(0, len(toks), step):
+                chunk = toks[i0 : i0 + step]
+                batch.set_batch(chunk, pos0 + i0, all_rows)
+                self.capture.arm(list(layers), H, len(chunk))
+                try:
+                    self.context.decode(batch)
+                finally:
+                    self.capture.disarm()
+                self.capture.check(arch)
+                for k, lid in enumerate(layers):
+                    out[i0 : i0 + len(chunk), k * H : (k + 1) * H] = self.capture.rows(int(lid))
+        finally:
+            batch.close()
+        return out
+
+
+def _model_arch(model: Any) -> str:
+    import llama_cpp
+
+    buf = ctypes.create_string_buffer(128)
+    n = llama_cpp.llama_model_meta_val_str(model, b"general.architecture", buf, len(buf))
+    return buf.value.decode() if n >= 0 else ""
 
 
 def capturing_context(llm: Any, *, replace: bool = False) -> CapturingContext:

@@ -14,13 +14,15 @@ struct TapArch {
 // Architectures whose graph records layer inputs (res->t_layer_inp in
 // src/models/*.cpp of the pinned llama.cpp). Asking any other graph for them
 // aborts inside llama_decode, so they are only ever asked through this table.
-// nemotron_h_moe shares nemotron-h.cpp's graph.
+// nemotron_h_moe, hunyuan-dense, lfm2moe and llama-embed reuse the graph of
+// nemotron_h, hunyuan_vl, lfm2 and llama (tools/audit_layer_outputs.py lists them).
 const TapArch TAP_ARCHS[] = {
     {"llama", false},      {"qwen3", false},       {"qwen3moe", false},     {"qwen3next", false},
     {"qwen35", false},     {"qwen35moe", false},   {"qwen4exp", false},     {"gemma4", false},
     {"muse-glimmer", false}, {"deepseek4", true},  {"nemotron_h", true},    {"nemotron_h_moe", true},
     {"bailingmoe3", false}, {"hunyuan_vl", false}, {"gpt-oss", false},      {"lfm2", false},
     {"minimax-01", false}, {"minimax-m2", false},  {"mimo2", true},         {"nanbeige", false},
+    {"hunyuan-dense", false}, {"lfm2moe", false},  {"llama-embed", false},
 };
 
 const TapArch * find_tap(const std::string & arch) {

@@ -23,6 +23,7 @@ bool CallbackCapture::eval_callback(ggml_tensor * t, bool ask, void * user_data)
     }
     const int32_t slot = self->slot_of_output(t->name);
     if (ask) {
+        ++self->n_asked_;
         return slot >= 0;
     }
     if (slot >= 0) {
@@ -57,6 +58,7 @@ void CallbackCapture::arm(const std::vector<int32_t> & layers, int32_t n_embd, i
     data_.resize(layers.size());
     seen_.assign(layers.size(), 0);
     problem_.assign(layers.size(), std::string());
+    n_asked_ = 0;
     for (size_t k = 0; k < layers.size(); ++k) {
         if (layers[k] < 1) {
             throw Error("callback capture: layer input " + std::to_string(layers[k]) + " is not a layer output");
@@ -98,6 +100,10 @@ void CallbackCapture::copy(int32_t slot, const ggml_tensor * t) {
 }
 
 void CallbackCapture::check_complete(const std::string & arch) const {
+    if (n_asked_ == 0 && !layers_.empty()) {
+        throw Error("the target context was not created with this capture's evaluation callback "
+                    "(llama_context_params.cb_eval / cb_eval_user_data), so no layer output was observed");
+    }
     for (size_t k = 0; k < layers_.size(); ++k) {
         const int32_t il = layers_[k] - 1;
         if (!seen_[k]) {

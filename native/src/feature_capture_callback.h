@@ -47,6 +47,7 @@ class CallbackCapture {
     std::vector<std::vector<float>> data_;  // per slot: n_rows x n_embd
     std::vector<uint8_t> seen_;
     std::vector<std::string> problem_;   // per slot: why the observed tensor was unusable
+    int64_t n_asked_ = 0;                // nodes the scheduler showed since arm(): 0 = callback not installed
     int32_t n_embd_ = 0;
     int32_t n_rows_ = 0;
 };

@@ -70,12 +70,14 @@ void TargetRunner::release() {
 
 void TargetRunner::claim() {
     if (pdf2::capture_path(arch_) != CapturePath::Tap) {
-        return;  // no taps to set (asking this graph for one would abort); the callback is armed per decode
+        return;  // this graph has no taps (asking it for one would abort); the callback is armed per decode
     }
     // Several engines may share one context (e.g. a benchmark interleaving
-    // configurations): set every layer's capture to what this runner needs.
-    for (int32_t lid = 0; lid < n_layer_; ++lid) {
-        const bool want = std::find(layers_.begin(), layers_.end(), lid) != layers_.end();
+    // configurations): set every tap to what this runner needs (none on the callback path).
+    const int32_t top = max_feature_layer(arch_, n_layer_, CapturePath::Tap);
+    for (int32_t lid = 0; lid <= top; ++lid) {
+        const bool want =
+            path_ == CapturePath::Tap && std::find(layers_.begin(), layers_.end(), lid) != layers_.end();
         llama_set_embeddings_layer_inp(ctx_, static_cast<uint32_t>(lid), want);
     }
 }
