@@ -26,10 +26,10 @@ itself for targets without taps.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np

@@ -25,7 +25,8 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from . import _native, capture, draft_costs
+from . import _native, draft_costs
+from . import capture as feature_capture
 from ._native import ffi, lib
 from .drafter import Drafter
 from .text_stream import TextStream
@@ -113,12 +114,12 @@ class Speculator:
         arch = str(self.llm.metadata.get("general.architecture", ""))
         #: "tap" or "callback": how the drafter's features are read (None: no drafter)
         self.capture_path: str | None = None
-        self._capturing: capture.CapturingContext | None = None
+        self._capturing: feature_capture.CapturingContext | None = None
         target_ctx = self.llm._ctx.ctx
         if self.drafter is not None:
-            self.capture_path = capture.capture_path(arch) if capture == "auto" else capture
+            self.capture_path = feature_capture.capture_path(arch) if capture == "auto" else capture
             if self.capture_path == "callback":
-                self._capturing = capture.capturing_context(self.llm, replace=owns_llm)
+                self._capturing = feature_capture.capturing_context(self.llm, replace=owns_llm)
                 target_ctx = self._capturing.ctx
         ctx_addr = ctypes.cast(target_ctx, ctypes.c_void_p).value
         handle = lib.pdf2_engine_new_capture(

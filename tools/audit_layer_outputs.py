@@ -39,7 +39,8 @@ def main(root: str) -> int:
     )
     header = (src / "models" / "models.h").read_text()
     aliases: dict[str, str] = {}
-    for m in re.finditer(r"^struct (llama_model_\w+)\s*:\s*public (llama_model_\w+)\s*\{(.*?)^\};", header, re.S | re.M):
+    struct = r"^struct (llama_model_\w+)\s*:\s*public (llama_model_\w+)\s*\{(.*?)^\};"
+    for m in re.finditer(struct, header, re.S | re.M):
         cls, base, body = m.groups()
         own = re.search(r"struct graph\s*:", body)
         alias = re.search(r"using graph\w* = (llama_model_\w+)::graph", body)
