@@ -241,6 +241,18 @@ def test_engine_callback_path_equals_tap_path_on_llama(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- refusals
 
 
+def test_last_layer_output_follows_the_capture_path(tmp_path: Path, target_gguf: Path) -> None:
+    """On a llama target the taps stop at input n_layer-1; the callback also gives n_layer."""
+    ckpt = testing.make_drafter_checkpoint(tmp_path / "hf", target_gguf, testing.DrafterSpec(target_layer_ids=LAYER_IDS))
+    drafter = testing.checkpoint_to_gguf(ckpt, target_gguf, tmp_path / "d.gguf")
+    llm = llama_cpp.Llama(str(target_gguf), n_ctx=256, n_batch=256, verbose=False)
+    with pytest.raises(GenerationError, match=r"input 4 .* through the tap path: 1\.\.3"):
+        Speculator(llm, drafter, n_max=3)
+    ref = plain_greedy(llm, PROMPTS[2], 12)
+    with Speculator(llm, drafter, n_max=3, capture="callback") as spec:
+        assert spec.generate(PROMPTS[2], max_tokens=12, chat=False).tokens == ref
+
+
 def test_tap_path_on_an_arch_without_taps_is_refused(arch_models: dict, arch_llm: llama_cpp.Llama) -> None:
     with pytest.raises(GenerationError, match="does not expose layer inputs"):
         Speculator(arch_llm, arch_models["drafter"], n_max=3, capture="tap")

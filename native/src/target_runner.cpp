@@ -56,6 +56,9 @@ TargetRunner::TargetRunner(llama_context * ctx, const std::vector<int32_t> & fea
     batch_ = llama_batch_init(n_batch_, 0, 1);
 }
 
+// The context belongs to the caller and may already be gone here (Python frees
+// objects in any order at exit), so it is not touched: release() turns the
+// capture off while the context is known to be alive.
 TargetRunner::~TargetRunner() { llama_batch_free(batch_); }
 
 void TargetRunner::release() {
