@@ -243,7 +243,8 @@ def test_engine_callback_path_equals_tap_path_on_llama(tmp_path: Path) -> None:
 
 def test_last_layer_output_follows_the_capture_path(tmp_path: Path, target_gguf: Path) -> None:
     """On a llama target the taps stop at input n_layer-1; the callback also gives n_layer."""
-    ckpt = testing.make_drafter_checkpoint(tmp_path / "hf", target_gguf, testing.DrafterSpec(target_layer_ids=LAYER_IDS))
+    spec = testing.DrafterSpec(target_layer_ids=LAYER_IDS)
+    ckpt = testing.make_drafter_checkpoint(tmp_path / "hf", target_gguf, spec)
     drafter = testing.checkpoint_to_gguf(ckpt, target_gguf, tmp_path / "d.gguf")
     llm = llama_cpp.Llama(str(target_gguf), n_ctx=256, n_batch=256, verbose=False)
     with pytest.raises(GenerationError, match=r"input 4 .* through the tap path: 1\.\.3"):
