@@ -25,10 +25,11 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from . import _native, draft_costs
+from . import _native, draft_costs, exactness
 from . import capture as feature_capture
 from ._native import ffi, lib
 from .drafter import Drafter
+from .exactness import ExactnessUnavailable
 from .text_stream import TextStream
 
 SELECTORS = {"auto": -1, "greedy": 0, "sample": 1, "viterbi": 2}
@@ -61,7 +62,13 @@ class Speculator:
     plain decoding through the same loop. n_max: drafts per block, "auto"
     (adaptive: measured costs, running acceptance) or an int (0 = plain
     decoding). selector: "auto" (greedy walk at temperature 0, sampled walk
-    otherwise), "greedy", "sample" or "viterbi". capture: how the drafter's
+    otherwise), "greedy", "sample" or "viterbi". exact: refuse (with
+    ExactnessUnavailable, before loading anything) unless the target's forward
+    is batch-invariant here, so that greedy output is bit-identical to plain
+    decoding whatever the logit margins; see pydflash2.exactness. flash_attn:
+    for a target loaded from a path (off by default; exact mode keeps it off
+    over >= 512 KV cells, where it is not batch-invariant).
+    capture: how the drafter's
     features are read, "auto" (llama.cpp's layer-input taps where the target's
     architecture has them, else the graph evaluation callback: see
     pydflash2.capture), "tap" or "callback". The callback needs a context made
@@ -81,6 +88,8 @@ class Speculator:
         selector: str = "auto",
         device: str | None = None,
         verbose: bool = False,
+        exact: bool = False,
+        flash_attn: bool = False,
         capture: str = "auto",
     ) -> None:
         if selector not in SELECTORS:
@@ -91,14 +100,17 @@ class Speculator:
             raise ValueError(f"capture must be 'auto', 'tap' or 'callback', got {capture!r}")
         owns_llm = not isinstance(model, llama_cpp.Llama)
         if isinstance(model, llama_cpp.Llama):
+            self.invariance = exactness.llama_invariance(model)
+            if exact and not self.invariance:
+                raise ExactnessUnavailable(exactness.unavailable_message(self.invariance))
             self.llm = model
         else:
             path = Path(model)
             if not path.is_file():
                 raise FileNotFoundError(f"target model not found: {path}")
-            self.llm = llama_cpp.Llama(
-                model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, n_batch=512, verbose=verbose
-            )
+            self.llm, self.invariance = load_target(path, n_ctx=n_ctx, n_threads=n_threads, verbose=verbose,
+                                                    exact=exact, flash_attn=flash_attn)
+        self.exact = exact
         self.n_max = n_max
         self.selector = selector
         self.drafter: Drafter | None = None
@@ -133,6 +145,9 @@ class Speculator:
         if handle == ffi.NULL:
             raise GenerationError(_native.last_error())
         self._engine = ffi.gc(handle, lib.pdf2_engine_free)
+        if exact and self.invariance.max_batch is not None:
+            # verify batches larger than this take other matmul kernels (exactness.py)
+            _check(lib.pdf2_engine_cap_draft(self._engine, self.invariance.max_batch - 1), "cap_draft")
         self.max_draft = int(lib.pdf2_engine_max_draft(self._engine))
         self._out = np.zeros(self.max_draft + 1, dtype=np.int32)
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
@@ -326,5 +341,37 @@ class Speculator:
             ttft_s=ttft,
             total_s=elapsed,
             tokens_per_second=(n_tokens - 1) / decode_s if n_tokens > 1 else 0.0,
+            # greedy output is plain decoding's, token for token: a batch-invariant
+            # target, or no verify batches at all
+            exact=self.max_draft == 0 or (bool(self.invariance) and (
+                self.invariance.max_batch is None or self.max_draft + 1 <= self.invariance.max_batch)),
         )
         return s
+
+
+def load_target(
+    path: str | os.PathLike[str],
+    *,
+    n_ctx: int = 4096,
+    n_threads: int | None = None,
+    verbose: bool = False,
+    exact: bool = False,
+    flash_attn: bool = False,
+) -> tuple[llama_cpp.Llama, exactness.Invariance]:
+    """Loads a target GGUF the way the Speculator runs it, and says whether its
+    forward is batch-invariant. exact=True checks the build first and raises
+    ExactnessUnavailable before anything is loaded (see exactness.py).
+    flash_attn: off by default, and off in exact mode over >= 512 KV cells."""
+    flash_attn = exactness.flash_attn_for(n_ctx, exact, flash_attn)
+    if exact:
+        build = exactness.build_invariance()
+        if not build:
+            raise ExactnessUnavailable(exactness.unavailable_message(build))
+    # n_threads, when given, serves batches too (llama-cpp-python would use all cores there)
+    llm = llama_cpp.Llama(model_path=os.fspath(path), n_ctx=n_ctx, n_threads=n_threads,
+                          n_threads_batch=n_threads, n_batch=512, flash_attn=flash_attn, verbose=verbose)
+    inv = exactness.llama_invariance(llm)
+    if exact and not inv:
+        llm.close()
+        raise ExactnessUnavailable(exactness.unavailable_message(inv))
+    return llm, inv

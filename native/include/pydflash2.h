@@ -27,6 +27,12 @@ void pdf2_free_string(char * s);
 /* JSON object: ggml/llama build info and the ggml backend devices present. */
 char * pdf2_native_info_json(void);
 
+/* JSON object for a target GGUF: its weight tensors' ggml types ("types":
+ * {"q4_0": n...}) and how many of each the CPU backend would repack into an
+ * interleaved layout on this machine ("repacked"), which changes the kernels
+ * between small and larger batches. Reads metadata only; NULL on failure. */
+char * pdf2_target_weights_json(const char * path);
+
 /* Checks a drafter GGUF against the dflash contract without loading weights.
  * JSON object of hyperparameters on success, NULL (see pdf2_last_error) when
  * the file is unreadable or violates the contract. */
@@ -99,6 +105,9 @@ void pdf2_engine_free(pdf2_engine * e);
 int pdf2_engine_release_target(pdf2_engine * e);
 /* Largest number of drafts one step may verify; steps commit at most this + 1 tokens. */
 int32_t pdf2_engine_max_draft(pdf2_engine * e);
+/* Lowers the largest draft count (call before set_costs): exact mode keeps
+ * verify batches below the sizes where ggml switches matmul kernels. */
+int pdf2_engine_cap_draft(pdf2_engine * e, int32_t max_draft);
 /* Cost model for the adaptive draft length: verify_s[B-1] = target decode of B
  * tokens (B = 1..max_draft+1), draft_s[n-1] = drafting n tokens. */
 int pdf2_engine_set_costs(pdf2_engine * e, const double * verify_s, int32_t n_verify, const double * draft_s,

@@ -63,6 +63,13 @@ extern "C" int32_t pdf2_engine_max_draft(pdf2_engine * e) {
     return pdf2::guarded<int32_t>(-1, [&] { return static_cast<int32_t>(get(e).max_draft()); });
 }
 
+extern "C" int pdf2_engine_cap_draft(pdf2_engine * e, int32_t max_draft) {
+    return pdf2::guarded<int>(-1, [&] {
+        get(e).cap_draft(max_draft);
+        return 0;
+    });
+}
+
 extern "C" int pdf2_engine_set_costs(pdf2_engine * e, const double * verify_s, int32_t n_verify,
                                      const double * draft_s, int32_t n_draft) {
     return pdf2::guarded<int>(-1, [&] {

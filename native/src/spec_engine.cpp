@@ -63,6 +63,17 @@ void SpecEngine::reset_stats() {
     stats_.n_max_used.assign(static_cast<size_t>(max_draft_) + 1, 0);
 }
 
+void SpecEngine::cap_draft(int max_draft) {
+    if (max_draft < 0) {
+        throw Error("draft cap must be >= 0");
+    }
+    if (max_draft < max_draft_) {
+        max_draft_ = max_draft;
+        policy_ = DraftLengthPolicy(max_draft_);
+        reset_stats();
+    }
+}
+
 void SpecEngine::set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s) {
     policy_.set_costs(verify_s, draft_s);
 }

@@ -54,6 +54,9 @@ class SpecEngine {
     void release_target() { target_.release(); }
 
     int max_draft() const { return max_draft_; }
+    // Lowers max_draft (before costs are set): exact mode keeps verify batches
+    // below the sizes where ggml switches the target's matmul kernels.
+    void cap_draft(int max_draft);
     int32_t position() const { return pos_; }
     const EngineStats & stats() const { return stats_; }
     std::string stats_json() const;

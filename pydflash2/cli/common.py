@@ -56,3 +56,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: llama-cpp-python's)")
     p.add_argument("--device", default=None,
                    help="ggml device for the drafter, e.g. CPU or CUDA0 (default: first GPU, else CPU)")
+
+
+def add_exact_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--exact", action="store_true",
+                   help="refuse to run unless greedy output is bit-identical to plain decoding (needs a "
+                        "batch-invariant llama-cpp-python; `pydflash2 info` shows whether this one is)")
