@@ -13,9 +13,11 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import pytest
+from lossless import check_greedy
+from lossless import plain_greedy as plain_run
 from pydflash2.convert.cli import main as convert_main
 
-from pydflash2 import capture, testing
+from pydflash2 import capture, exactness, testing
 from pydflash2.drafter import Drafter
 from pydflash2.speculator import GenerationError, Speculator
 from pydflash2.upstream import ext
@@ -98,15 +100,16 @@ def test_plain_llama_cpp_decoding_works(arch_models: dict, arch_llm: llama_cpp.L
 
 def test_greedy_is_lossless(arch_models: dict, arch_llm: llama_cpp.Llama) -> None:
     refs = {p: plain_greedy(arch_llm, p, 20) for p in PROMPTS}
+    runs = {p: plain_run(arch_llm, arch_llm.tokenize(p.encode(), add_bos=True, special=True), 20) for p in PROMPTS}
+    exact = exactness.llama_invariance(arch_llm).batch_invariant
     drafted = 0
     for n_max in (2, 7):
         with Speculator(arch_llm, arch_models["drafter"], n_max=n_max) as spec:
             assert spec.capture_path == "callback"
             for p in PROMPTS:
                 out = spec.generate(p, max_tokens=20, chat=False)
-                # exact comparison (issue 12's near-tie helper was not merged yet): tiny random
-                # targets have no near-ties at these prompts
-                assert out.tokens == refs[p], (n_max, p)
+                # identical on batch-invariant builds, else parting only at a near-tie
+                check_greedy(out.tokens, runs[p], exact=exact, what=(n_max, p))
                 drafted += sum(out.stats["drafted_per_position"])
     assert drafted > 0
     # the Llama passed in kept its own context and still decodes as before
