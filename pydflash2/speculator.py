@@ -26,6 +26,7 @@ import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from . import _native, draft_costs, exactness
+from . import capture as feature_capture
 from ._native import ffi, lib
 from .drafter import Drafter
 from .exactness import ExactnessUnavailable
@@ -83,7 +84,15 @@ class Speculator:
     is batch-invariant here, so that greedy output is bit-identical to plain
     decoding whatever the logit margins; see pydflash2.exactness. flash_attn:
     for a target loaded from a path (off by default; exact mode keeps it off
-    over >= 512 KV cells, where it is not batch-invariant)."""
+    over >= 512 KV cells, where it is not batch-invariant).
+    capture: how the drafter's
+    features are read, "auto" (llama.cpp's layer-input taps where the target's
+    architecture has them, else the graph evaluation callback: see
+    pydflash2.capture), "tap" or "callback". The callback needs a context made
+    with it: for a target given as a path the Llama's own context is replaced by
+    one (same parameters, same loaded model); for a Llama passed in, a second
+    context (with its own KV cache) is made on its model and the Llama's own
+    context is left untouched."""
 
     def __init__(
         self,
@@ -98,11 +107,15 @@ class Speculator:
         verbose: bool = False,
         exact: bool = False,
         flash_attn: bool = False,
+        capture: str = "auto",
     ) -> None:
         if selector not in SELECTORS:
             raise ValueError(f"selector must be one of {sorted(SELECTORS)}, got {selector!r}")
         if n_max != "auto" and (not isinstance(n_max, int) or n_max < 0):
             raise ValueError(f"n_max must be 'auto' or an int >= 0, got {n_max!r}")
+        if capture not in ("auto", "tap", "callback"):
+            raise ValueError(f"capture must be 'auto', 'tap' or 'callback', got {capture!r}")
+        owns_llm = not isinstance(model, llama_cpp.Llama)
         if isinstance(model, llama_cpp.Llama):
             self.invariance = exactness.llama_invariance(model)
             if exact and not self.invariance:
@@ -127,9 +140,20 @@ class Speculator:
                 n_threads=self.llm.context_params.n_threads_batch,
                 device=device,
             )
-        ctx_addr = ctypes.cast(self.llm._ctx.ctx, ctypes.c_void_p).value
-        handle = lib.pdf2_engine_new(
+        arch = str(self.llm.metadata.get("general.architecture", ""))
+        #: "tap" or "callback": how the drafter's features are read (None: no drafter)
+        self.capture_path: str | None = None
+        self._capturing: feature_capture.CapturingContext | None = None
+        target_ctx = self.llm._ctx.ctx
+        if self.drafter is not None:
+            self.capture_path = feature_capture.capture_path(arch) if capture == "auto" else capture
+            if self.capture_path == "callback":
+                self._capturing = feature_capture.capturing_context(self.llm, replace=owns_llm)
+                target_ctx = self._capturing.ctx
+        ctx_addr = ctypes.cast(target_ctx, ctypes.c_void_p).value
+        handle = lib.pdf2_engine_new_capture(
             ffi.cast("void *", ctx_addr),
+            self._capturing.capture.handle if self._capturing is not None else ffi.NULL,
             self.drafter._h if self.drafter is not None else ffi.NULL,
             -1 if n_max == "auto" else int(n_max),
             SELECTORS[selector],
@@ -164,6 +188,10 @@ class Speculator:
         if self.drafter is not None:
             self.drafter.close()
             self.drafter = None
+        capturing = getattr(self, "_capturing", None)
+        if capturing is not None and capturing.context is not self.llm._ctx:
+            capturing.close()  # our second context next to a Llama passed in
+        self._capturing = None
 
     def __enter__(self) -> Speculator:
         return self
