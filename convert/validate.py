@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydflash2.capture import capture_rule
+
 from .checkpoint import V2_KEYS, Checkpoint
 from .mapping import IGNORED, expected_shapes, gguf_name, normalize, optional_shapes
 from .target import Target
@@ -37,12 +39,18 @@ def fit_warnings(target_layer_ids: list[int], target: Target) -> list[str]:
     Hugging Face configs: dflash.target_layers minus one)."""
     out = []
     last = [i for i in target_layer_ids if i == target.n_layer - 1]
-    if last:
-        out.append(
-            f"target layer id {last[0]} is the target's last layer: it becomes dflash.target_layers "
-            f"{last[0] + 1} (= n_layer), whose input llama.cpp extracts only for a few architectures "
-            "(deepseek4, nemotron_h, mimo2); on llama/qwen3 targets upstream aborts"
-        )
+    if not last:
+        return out
+    rule = capture_rule(target.arch, target.n_layer) if target.arch else None
+    if rule is not None and rule.max_layer >= target.n_layer:
+        return out  # this target's capture path gives the last layer's output
+    where = f"a {target.arch} target" if target.arch else "this target"
+    out.append(
+        f"target layer id {last[0]} is the target's last layer: it becomes dflash.target_layers "
+        f"{last[0] + 1} (= n_layer), which {where} cannot give through llama.cpp's layer-input taps "
+        "(upstream llama.cpp aborts on it; pydflash2 reads it only on targets without taps, through its "
+        "capture callback)"
+    )
     return out
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from . import _native, devices, draft_costs, exactness
+from . import capture as feature_capture
 from ._native import ffi, lib
 from .drafter import Drafter
 from .exactness import ExactnessUnavailable
@@ -53,6 +54,23 @@ def _check(rc: int, what: str) -> int:
     return rc
 
 
+def chat_prompt_tokens(llm: llama_cpp.Llama, messages: Sequence[dict[str, Any]]) -> list[int]:
+    """Token ids of chat messages rendered by the GGUF's chat template, as
+    llama-cpp-python renders them (Jinja2ChatFormatter); ValueError without one."""
+    template = llm.metadata.get("tokenizer.chat_template")
+    if not template:
+        raise ValueError("the target model has no chat template: pass chat=False (raw prompt) or token ids")
+
+    def token_text(token: int) -> str:
+        return "" if token < 0 else llm._model.token_get_text(token)
+
+    formatter = Jinja2ChatFormatter(
+        template=template, eos_token=token_text(llm.token_eos()), bos_token=token_text(llm.token_bos())
+    )
+    result = formatter(messages=list(messages))
+    return llm.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True)
+
+
 class Speculator:
     """Speculative decoding with a DFlash/DFlash2 drafter.
 
@@ -71,7 +89,15 @@ class Speculator:
     "CUDA0", "RPC0"). rpc_servers: "HOST:PORT[,...]" ggml RPC servers
     registered as devices first (as llama-server's --rpc), so that a target
     loaded here with n_gpu_layers > 0 splits across them. n_gpu_layers: target
-    layers offloaded (llama-cpp-python's parameter; only when model is a path)."""
+    layers offloaded (llama-cpp-python's parameter; only when model is a path).
+    capture: how the drafter's
+    features are read, "auto" (llama.cpp's layer-input taps where the target's
+    architecture has them, else the graph evaluation callback: see
+    pydflash2.capture), "tap" or "callback". The callback needs a context made
+    with it: for a target given as a path the Llama's own context is replaced by
+    one (same parameters, same loaded model); for a Llama passed in, a second
+    context (with its own KV cache) is made on its model and the Llama's own
+    context is left untouched."""
 
     def __init__(
         self,
@@ -88,6 +114,7 @@ class Speculator:
         verbose: bool = False,
         exact: bool = False,
         flash_attn: bool = False,
+        capture: str = "auto",
     ) -> None:
         if selector not in SELECTORS:
             raise ValueError(f"selector must be one of {sorted(SELECTORS)}, got {selector!r}")
@@ -97,6 +124,9 @@ class Speculator:
             devices.add_rpc_servers(rpc_servers)  # before the target loads: it may offload to them
         if draft is not None and n_max != 0:
             devices.resolve_device(device)  # an unknown name fails before the target loads
+        if capture not in ("auto", "tap", "callback"):
+            raise ValueError(f"capture must be 'auto', 'tap' or 'callback', got {capture!r}")
+        owns_llm = not isinstance(model, llama_cpp.Llama)
         if isinstance(model, llama_cpp.Llama):
             self.invariance = exactness.llama_invariance(model)
             if exact and not self.invariance:
@@ -122,9 +152,20 @@ class Speculator:
                 n_threads=self.llm.context_params.n_threads_batch,
                 device=device,
             )
-        ctx_addr = ctypes.cast(self.llm._ctx.ctx, ctypes.c_void_p).value
-        handle = lib.pdf2_engine_new(
+        arch = str(self.llm.metadata.get("general.architecture", ""))
+        #: "tap" or "callback": how the drafter's features are read (None: no drafter)
+        self.capture_path: str | None = None
+        self._capturing: feature_capture.CapturingContext | None = None
+        target_ctx = self.llm._ctx.ctx
+        if self.drafter is not None:
+            self.capture_path = feature_capture.capture_path(arch) if capture == "auto" else capture
+            if self.capture_path == "callback":
+                self._capturing = feature_capture.capturing_context(self.llm, replace=owns_llm)
+                target_ctx = self._capturing.ctx
+        ctx_addr = ctypes.cast(target_ctx, ctypes.c_void_p).value
+        handle = lib.pdf2_engine_new_capture(
             ffi.cast("void *", ctx_addr),
+            self._capturing.capture.handle if self._capturing is not None else ffi.NULL,
             self.drafter._h if self.drafter is not None else ffi.NULL,
             -1 if n_max == "auto" else int(n_max),
             SELECTORS[selector],
@@ -159,6 +200,10 @@ class Speculator:
         if self.drafter is not None:
             self.drafter.close()
             self.drafter = None
+        capturing = getattr(self, "_capturing", None)
+        if capturing is not None and capturing.context is not self.llm._ctx:
+            capturing.close()  # our second context next to a Llama passed in
+        self._capturing = None
 
     def __enter__(self) -> Speculator:
         return self
@@ -185,21 +230,7 @@ class Speculator:
             if bad:
                 raise ValueError(f"token ids outside the vocabulary (0..{n_vocab - 1}): {bad[:5]}")
             return ids
-        template = self.llm.metadata.get("tokenizer.chat_template")
-        if not template:
-            raise ValueError("the target model has no chat template: pass chat=False (raw prompt) or token ids")
-        formatter = Jinja2ChatFormatter(
-            template=template,
-            eos_token=self._token_text(self.llm.token_eos()),
-            bos_token=self._token_text(self.llm.token_bos()),
-        )
-        result = formatter(messages=list(messages))
-        return self.llm.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True)
-
-    def _token_text(self, token: int) -> str:
-        if token < 0:
-            return ""
-        return self.llm._model.token_get_text(token)
+        return chat_prompt_tokens(self.llm, messages)
 
     def _token_bytes(self, token: int) -> bytes:
         return self.llm.detokenize([token])

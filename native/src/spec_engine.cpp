@@ -21,8 +21,9 @@ std::vector<int32_t> feature_layers(const Drafter * d) { return d ? d->hparams()
 
 }  // namespace
 
-SpecEngine::SpecEngine(llama_context * target, Drafter * drafter, const EngineOptions & opts)
-    : target_(target, opts.n_max == 0 ? std::vector<int32_t>{} : feature_layers(drafter)),
+SpecEngine::SpecEngine(llama_context * target, Drafter * drafter, const EngineOptions & opts,
+                       CallbackCapture * capture)
+    : target_(target, opts.n_max == 0 ? std::vector<int32_t>{} : feature_layers(drafter), capture),
       drafter_(opts.n_max == 0 ? nullptr : drafter),
       opts_(opts),
       policy_(0) {

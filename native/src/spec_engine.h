@@ -35,7 +35,9 @@ struct EngineStats {
 
 class SpecEngine {
   public:
-    SpecEngine(llama_context * target, Drafter * drafter, const EngineOptions & opts);
+    // capture: the context's CallbackCapture when its features come through the callback path.
+    SpecEngine(llama_context * target, Drafter * drafter, const EngineOptions & opts,
+               CallbackCapture * capture = nullptr);
 
     void set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s);
     // Times target decodes of B = 1..max_draft+1 tokens and drafter blocks of n = 1..max_draft
