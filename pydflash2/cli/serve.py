@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .common import CliError, Parser, add_model_args, parse_n_max
+from .common import CliError, Parser, add_model_args, parse_n_max, setup_devices
 
 NAME = "serve"
 
@@ -48,13 +48,15 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--port must be in 1..65535, got {args.port}")
     if args.n_ctx < 32:
         raise CliError(f"--n-ctx must be >= 32, got {args.n_ctx}")
+    setup_devices(args)
     from ..server.main import ServerOptions, serve
 
     try:
         return serve(ServerOptions(
             model=args.model, draft=args.draft, host=args.host, port=args.port, n_ctx=args.n_ctx,
             parallel=args.parallel, n_max=args.n_max if args.draft else 0, selector=args.selector,
-            threads=args.threads, device=args.device, exact=args.exact, api_key=args.api_key,
+            threads=args.threads, device=args.device, n_gpu_layers=args.n_gpu_layers,
+            exact=args.exact, api_key=args.api_key,
             max_queue=args.max_queue, model_alias=args.model_alias, max_body=args.max_body,
             log_level=args.log_level,
         ))

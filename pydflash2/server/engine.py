@@ -56,6 +56,7 @@ class BatchEngine:
         n_max: int | str = "auto",
         selector: str = "auto",
         device: str | None = None,
+        n_gpu_layers: int = 0,
         flash_attn: bool | None = None,
         verbose: bool = False,
     ) -> None:
@@ -70,7 +71,7 @@ class BatchEngine:
             raise FileNotFoundError(f"drafter not found: {draft}")
         # threads as llama-cpp-python sets them: one-row decodes use n_threads, larger ones n_threads_batch
         self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=_TOKENIZER_CTX, n_batch=64, n_threads=n_threads,
-                                   n_threads_batch=n_threads, verbose=verbose)
+                                   n_threads_batch=n_threads, n_gpu_layers=n_gpu_layers, verbose=verbose)
         self.model_path = str(path)
         self.n_slots = int(n_slots)
         self.n_ctx = int(n_ctx)

@@ -34,6 +34,7 @@ class ServerOptions:
     selector: str = "auto"
     threads: int | None = None
     device: str | None = None
+    n_gpu_layers: int = 0
     exact: bool = False
     api_key: str | None = None
     max_queue: int = 64
@@ -57,7 +58,8 @@ def build_app(opts: ServerOptions) -> tuple[FastAPI, BatchEngine, Scheduler]:
     model_path = resolve_target(opts.model)
     flash_attn = _exact_flash_attn(opts)
     engine = BatchEngine(model_path, opts.draft, n_slots=opts.parallel, n_ctx=opts.n_ctx, n_threads=opts.threads,
-                         n_max=opts.n_max, selector=opts.selector, device=opts.device, flash_attn=flash_attn)
+                         n_max=opts.n_max, selector=opts.selector, device=opts.device, n_gpu_layers=opts.n_gpu_layers,
+                         flash_attn=flash_attn)
     llm = engine.llm
     vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
     metrics = ServerMetrics(engine.n_slots, engine.max_draft)
