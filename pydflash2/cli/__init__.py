@@ -6,10 +6,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from . import bench, convert, generate, info, random_drafter
+from . import bench, convert, generate, info, random_drafter, train
 from .common import CliError, Parser
 
-SUBCOMMANDS = (info, convert, generate, bench, random_drafter)
+SUBCOMMANDS = (info, convert, generate, bench, random_drafter, train)
 
 
 def build_parser() -> Parser:

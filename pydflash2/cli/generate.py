@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .common import CliError, add_model_args, parse_n_max
+from .common import CliError, add_model_args, parse_n_max, resolve_draft
 
 NAME = "generate"
 
@@ -39,10 +39,11 @@ def run(args: argparse.Namespace) -> int:
     from ..models import resolve_target
     from ..speculator import GenerationError, Speculator
 
+    draft = resolve_draft(args)
     try:
         spec = Speculator(
-            resolve_target(args.model), args.draft, n_ctx=args.n_ctx, n_threads=args.threads,
-            n_max=args.n_max if args.draft else 0, selector=args.selector, device=args.device,
+            resolve_target(args.model), draft, n_ctx=args.n_ctx, n_threads=args.threads,
+            n_max=args.n_max if draft else 0, selector=args.selector, device=args.device,
         )
     except (OSError, ValueError, GenerationError) as e:
         raise CliError(str(e)) from None
