@@ -47,7 +47,7 @@ def hot_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run_dir(tmp_path_factory: pytest.TempPathFactory, hot_target: Path) -> Path:
     """One small end-to-end `pydflash2 train` run (reduced draft vocabulary: d2t on)."""
     out = tmp_path_factory.mktemp("train-run") / "run"
-    rc = cli_main(["train", "--target", str(hot_target), "--out", str(out), "--max-prompts", "24", "--max-new", "40",
+    rc = cli_main(["train", "--target", str(hot_target), "--out", str(out), "--max-prompts", "16", "--max-new", "32",
                    "--n-seq", "4", "--taps", "3", "--layers", "1", "--block-size", "6", "--draft-vocab", "300",
                    "--max-steps", "60", "--max-minutes", "5", "--batch", "4", "--anchors", "8", "--lr", "3e-3",
                    "--top-k", "4", "--rank", "8", "--outtype", "f16"])

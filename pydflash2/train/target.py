@@ -95,3 +95,13 @@ def frozen_tables(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     emb = deq("token_embd.weight")
     head = deq("output.weight") if "output.weight" in by_name else emb
     return emb, head
+
+
+def output_norm(path: str | Path) -> np.ndarray | None:
+    """The target's final norm weight: the drafter's own final norm starts from it, so its
+    logits start at the scale the target's head expects."""
+    r = gguf.GGUFReader(str(path))
+    for t in r.tensors:
+        if t.name == "output_norm.weight":
+            return np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(-1)
+    return None

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from .dataset import Dataset
 from .model import DFlash2Drafter, DrafterConfig
 from .objective import compute_losses, expected_tau, lr_at, sample_batch
-from .target import frozen_tables
+from .target import frozen_tables, output_norm
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -45,6 +45,10 @@ class TrainSettings:
 def build_model(cfg: DrafterConfig, target: str | Path) -> DFlash2Drafter:
     emb, head = frozen_tables(target)
     model = DFlash2Drafter(cfg, emb, head)
+    norm = output_norm(target)
+    if norm is not None and norm.shape == (cfg.n_embd,):
+        with torch.no_grad():
+            model.norm.weight.copy_(torch.from_numpy(norm))
     model._full_head = head  # rows for exports with another draft vocabulary
     return model
 
@@ -64,7 +68,8 @@ def evaluate(model: DFlash2Drafter, data: Dataset, val_ids: np.ndarray, s: Train
     rng = np.random.default_rng(7)
     ces, sels, accs = [], [], []
     for i in range(0, len(val_ids), s.batch_seqs):
-        b = sample_batch(data, rng, s.batch_seqs, s.anchors, model.config.block_size, seq_ids=val_ids[i : i + s.batch_seqs])
+        b = sample_batch(data, rng, s.batch_seqs, s.anchors, model.config.block_size,
+                         seq_ids=val_ids[i : i + s.batch_seqs])
         loss = compute_losses(model, b, gamma=s.gamma, selector_weight=s.selector_weight)
         ces.append(loss.ce)
         sels.append(loss.selector)
