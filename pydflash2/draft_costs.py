@@ -8,8 +8,8 @@ import hashlib
 import json
 import os
 import platform
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 # Any text will do: costs depend on lengths, not on words.
