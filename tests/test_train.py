@@ -49,7 +49,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory, hot_target: Path) -> Path:
     out = tmp_path_factory.mktemp("train-run") / "run"
     rc = cli_main(["train", "--target", str(hot_target), "--out", str(out), "--max-prompts", "16", "--max-new", "32",
                    "--n-seq", "4", "--taps", "3", "--layers", "1", "--block-size", "6", "--draft-vocab", "300",
-                   "--max-steps", "60", "--max-minutes", "5", "--batch", "4", "--anchors", "8", "--lr", "3e-3",
+                   "--max-steps", "60", "--max-minutes", "60", "--batch", "4", "--anchors", "8", "--lr", "3e-3",
                    "--top-k", "4", "--rank", "8", "--outtype", "f16"])
     assert rc == 0
     return out
@@ -233,7 +233,7 @@ def test_trained_drafter_is_lossless_and_accepted(run_dir: Path, hot_target: Pat
 def test_resume_continues_from_the_checkpoint(run_dir: Path, hot_target: Path, capsys) -> None:
     before = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
     args = ["train", "--target", str(hot_target), "--out", str(run_dir), "--taps", "3", "--layers", "1",
-            "--block-size", "6", "--draft-vocab", "300", "--max-minutes", "5", "--batch", "4", "--anchors", "8",
+            "--block-size", "6", "--draft-vocab", "300", "--max-minutes", "60", "--batch", "4", "--anchors", "8",
             "--top-k", "4", "--rank", "8", "--outtype", "f16"]
     assert cli_main([*args, "--max-steps", "70"]) == 2  # not empty, no --resume: refused, nothing touched
     assert "--resume" in capsys.readouterr().err
