@@ -8,6 +8,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from .checkpoint import CheckpointError, load_mask_embedding, open_checkpoint
 from .target import TargetError, open_target
@@ -58,8 +59,16 @@ examples:
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    # a usage mistake is one line on stderr, as in every pydflash2 subcommand (the
+    # converter stays free of the CLI package: it also runs as python -m pydflash2.convert)
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(EXIT_INVALID)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="pydflash2 convert",
         description=DESCRIPTION,
         epilog=EPILOG,

@@ -33,6 +33,7 @@ class Target:
     n_embd: int
     n_layer: int
     n_vocab: int
+    arch: str = ""  # llama.cpp architecture name ("" when unknown)
     _reader: gguf.GGUFReader | None = None
     _config: dict[str, Any] | None = None
 
@@ -107,6 +108,22 @@ class Target:
         return emb, (emb if tied else find("lm_head.weight"))
 
 
+# Hugging Face model_type -> llama.cpp architecture, where the names differ
+# (upstream's convert_hf_to_gguf.py makes these choices)
+_HF_TO_LLAMA_CPP_ARCH = {
+    "mistral": "llama",
+    "gemma3_text": "gemma3",
+    "qwen2_moe": "qwen2moe",
+    "qwen3_moe": "qwen3moe",
+    "qwen3_next": "qwen3next",
+    "gpt_oss": "gpt-oss",
+}
+
+
+def _llama_cpp_arch(model_type: str) -> str:
+    return _HF_TO_LLAMA_CPP_ARCH.get(model_type, model_type)
+
+
 def _dequant(t: Any) -> np.ndarray:
     from gguf.quants import dequantize
 
@@ -156,7 +173,7 @@ def open_target(path: str | Path) -> Target:
             raise TargetError(f"{path} lacks {arch}.embedding_length / {arch}.block_count")
         if tok is None:
             raise TargetError(f"{path} has no tokenizer (tokenizer.ggml.tokens)")
-        return Target(path, "gguf", n_embd, n_layer, len(tok.data), _reader=r)
+        return Target(path, "gguf", n_embd, n_layer, len(tok.data), arch=str(arch), _reader=r)
     if path.is_dir():
         cfg_file = path / "config.json"
         if not cfg_file.is_file():
@@ -166,7 +183,7 @@ def open_target(path: str | Path) -> Target:
         try:
             return Target(
                 path, "hf", int(text["hidden_size"]), int(text["num_hidden_layers"]), int(text["vocab_size"]),
-                _config=cfg,
+                arch=_llama_cpp_arch(str(text.get("model_type", ""))), _config=cfg,
             )
         except KeyError as e:
             raise TargetError(f"{cfg_file} lacks {e.args[0]!r}") from e

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydflash2.capture import capture_rule
+
 from .checkpoint import V2_KEYS, Checkpoint
 from .mapping import IGNORED, expected_shapes, gguf_name, normalize, optional_shapes
 from .target import Target
@@ -29,14 +31,26 @@ def validate(ckpt: Checkpoint, target: Target) -> list[str]:
 
 def warnings(ckpt: Checkpoint, target: Target) -> list[str]:
     """Things that convert fine but may not run everywhere."""
+    return fit_warnings(ckpt.dflash("target_layer_ids") or [], target)
+
+
+def fit_warnings(target_layer_ids: list[int], target: Target) -> list[str]:
+    """Drafter/target pairs that work here but not in every runtime (layer ids as in
+    Hugging Face configs: dflash.target_layers minus one)."""
     out = []
-    last = [i for i in ckpt.dflash("target_layer_ids") or [] if i == target.n_layer - 1]
-    if last:
-        out.append(
-            f"target layer id {last[0]} is the target's last layer: it becomes dflash.target_layers "
-            f"{last[0] + 1} (= n_layer), whose input llama.cpp extracts only for a few architectures "
-            "(deepseek4, nemotron_h, mimo2); on llama/qwen3 targets upstream aborts"
-        )
+    last = [i for i in target_layer_ids if i == target.n_layer - 1]
+    if not last:
+        return out
+    rule = capture_rule(target.arch, target.n_layer) if target.arch else None
+    if rule is not None and rule.max_layer >= target.n_layer:
+        return out  # this target's capture path gives the last layer's output
+    where = f"a {target.arch} target" if target.arch else "this target"
+    out.append(
+        f"target layer id {last[0]} is the target's last layer: it becomes dflash.target_layers "
+        f"{last[0] + 1} (= n_layer), which {where} cannot give through llama.cpp's layer-input taps "
+        "(upstream llama.cpp aborts on it; pydflash2 reads it only on targets without taps, through its "
+        "capture callback)"
+    )
     return out
 
 
@@ -79,24 +93,35 @@ def _config_problems(ckpt: Checkpoint) -> list[str]:
 
 
 def _target_problems(ckpt: Checkpoint, target: Target) -> list[str]:
-    out = []
-    if ckpt.hidden_size != target.n_embd:
-        out.append(
-            f"hidden size mismatch: drafter hidden_size {ckpt.hidden_size} != target's {target.n_embd}"
-        )
     has_d2t = any(normalize(n) == "d2t" for n in ckpt.tensors)
-    V = int(ckpt.config["vocab_size"])
-    if V != target.n_vocab and not has_d2t:
-        out.append(f"vocab size mismatch: drafter vocab_size {V} != target's {target.n_vocab}")
-    for i in ckpt.dflash("target_layer_ids"):
+    return fit_problems(
+        target, hidden_size=ckpt.hidden_size, vocab_size=int(ckpt.config["vocab_size"]),
+        target_layer_ids=ckpt.dflash("target_layer_ids"), mask_token_id=ckpt.dflash("mask_token_id"),
+        reduced_vocab=has_d2t,
+    )
+
+
+def fit_problems(
+    target: Target, *, hidden_size: int, vocab_size: int, target_layer_ids: list[int], mask_token_id: object,
+    reduced_vocab: bool = False,
+) -> list[str]:
+    """Whether a drafter fits a target, from the drafter's numbers alone: shared by the
+    converter (Hugging Face config) and `pydflash2 modelfile` (drafter GGUF). Layer ids
+    are Hugging Face's (dflash.target_layers minus one); reduced_vocab: the drafter maps a
+    smaller draft vocabulary through d2t, so its vocab_size need not be the target's."""
+    out = []
+    if hidden_size != target.n_embd:
+        out.append(f"hidden size mismatch: drafter hidden_size {hidden_size} != target's {target.n_embd}")
+    if vocab_size != target.n_vocab and not reduced_vocab:
+        out.append(f"vocab size mismatch: drafter vocab_size {vocab_size} != target's {target.n_vocab}")
+    for i in target_layer_ids:
         if not 0 <= i < target.n_layer:
             out.append(
                 f"target layer id {i} is out of range: the target has {target.n_layer} layers "
                 f"(0..{target.n_layer - 1})"
             )
-    mask = ckpt.dflash("mask_token_id")
-    if not isinstance(mask, int) or not 0 <= mask < target.n_vocab:
-        out.append(f"mask_token_id {mask} is outside the vocabulary (0..{target.n_vocab - 1})")
+    if not isinstance(mask_token_id, int) or not 0 <= mask_token_id < target.n_vocab:
+        out.append(f"mask_token_id {mask_token_id} is outside the vocabulary (0..{target.n_vocab - 1})")
     return out
 
 

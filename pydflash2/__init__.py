@@ -5,6 +5,7 @@ from __future__ import annotations
 from ._native import NativeError
 from .drafter import Drafter, DrafterError, Proposal, Walk
 from .info import DrafterFileError, inspect_drafter, native_info
+from .modelfile import ModelfileError, modelfile
 from .speculator import Completion, GenerationError, Speculator
 
 __version__ = "0.1.0"
@@ -17,9 +18,11 @@ __all__ = [
     "Proposal",
     "Walk",
     "GenerationError",
+    "ModelfileError",
     "NativeError",
     "Speculator",
     "inspect_drafter",
+    "modelfile",
     "native_info",
     "__version__",
 ]

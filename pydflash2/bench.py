@@ -43,12 +43,11 @@ class BenchConfig:
     n_threads: int | None = None
     device: str | None = None
     out_dir: Path = field(default_factory=lambda: Path("bench_out"))
+    exact: bool = False  # refuse unless greedy output is bit-identical to plain decoding
 
 
 def run_bench(cfg: BenchConfig) -> int:
-    import llama_cpp
-
-    from .speculator import Speculator
+    from .speculator import Speculator, load_target
 
     prompts = cfg.prompts
     n_maxes = list(cfg.n_maxes)
@@ -59,15 +58,13 @@ def run_bench(cfg: BenchConfig) -> int:
     if not cfg.draft:
         n_maxes = [0]
 
-    llm = llama_cpp.Llama(
-        cfg.model, n_ctx=cfg.n_ctx, n_threads=cfg.n_threads, n_batch=512, verbose=False
-    )
+    llm, _ = load_target(cfg.model, n_ctx=cfg.n_ctx, n_threads=cfg.n_threads, exact=cfg.exact)
     specs: dict[tuple[Any, str], Speculator] = {}
     for n_max, selector in itertools.product(n_maxes, selectors):
         key = (n_max, "-" if n_max == 0 else selector)
         if key not in specs:
             specs[key] = Speculator(llm, cfg.draft if n_max != 0 else None, n_max=n_max, selector=selector,
-                                    device=cfg.device)
+                                    device=cfg.device, exact=cfg.exact)
     configs = [(n, sel, t) for (n, sel) in specs for t in temperatures]
 
     runs: dict[tuple[Any, str, float], list[dict[str, Any]]] = defaultdict(list)
@@ -106,7 +103,7 @@ def run_bench(cfg: BenchConfig) -> int:
     out_dir = cfg.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"model": cfg.model, "draft": cfg.draft, "prompts": len(prompts), "repeats": cfg.repeats,
-            "max_tokens": cfg.max_tokens}
+            "max_tokens": cfg.max_tokens, "exact": all(st["exact"] for sts in runs.values() for st in sts)}
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     _plot(results, out_dir)
     _print_table(results)

@@ -25,9 +25,11 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from . import _native, draft_costs
+from . import _native, draft_costs, exactness
+from . import capture as feature_capture
 from ._native import ffi, lib
 from .drafter import Drafter
+from .exactness import ExactnessUnavailable
 from .text_stream import TextStream
 
 SELECTORS = {"auto": -1, "greedy": 0, "sample": 1, "viterbi": 2}
@@ -52,6 +54,23 @@ def _check(rc: int, what: str) -> int:
     return rc
 
 
+def chat_prompt_tokens(llm: llama_cpp.Llama, messages: Sequence[dict[str, Any]]) -> list[int]:
+    """Token ids of chat messages rendered by the GGUF's chat template, as
+    llama-cpp-python renders them (Jinja2ChatFormatter); ValueError without one."""
+    template = llm.metadata.get("tokenizer.chat_template")
+    if not template:
+        raise ValueError("the target model has no chat template: pass chat=False (raw prompt) or token ids")
+
+    def token_text(token: int) -> str:
+        return "" if token < 0 else llm._model.token_get_text(token)
+
+    formatter = Jinja2ChatFormatter(
+        template=template, eos_token=token_text(llm.token_eos()), bos_token=token_text(llm.token_bos())
+    )
+    result = formatter(messages=list(messages))
+    return llm.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True)
+
+
 class Speculator:
     """Speculative decoding with a DFlash/DFlash2 drafter.
 
@@ -60,7 +79,20 @@ class Speculator:
     plain decoding through the same loop. n_max: drafts per block, "auto"
     (adaptive: measured costs, running acceptance) or an int (0 = plain
     decoding). selector: "auto" (greedy walk at temperature 0, sampled walk
-    otherwise), "greedy", "sample" or "viterbi"."""
+    otherwise), "greedy", "sample" or "viterbi". exact: refuse (with
+    ExactnessUnavailable, before loading anything) unless the target's forward
+    is batch-invariant here, so that greedy output is bit-identical to plain
+    decoding whatever the logit margins; see pydflash2.exactness. flash_attn:
+    for a target loaded from a path (off by default; exact mode keeps it off
+    over >= 512 KV cells, where it is not batch-invariant).
+    capture: how the drafter's
+    features are read, "auto" (llama.cpp's layer-input taps where the target's
+    architecture has them, else the graph evaluation callback: see
+    pydflash2.capture), "tap" or "callback". The callback needs a context made
+    with it: for a target given as a path the Llama's own context is replaced by
+    one (same parameters, same loaded model); for a Llama passed in, a second
+    context (with its own KV cache) is made on its model and the Llama's own
+    context is left untouched."""
 
     def __init__(
         self,
@@ -73,20 +105,29 @@ class Speculator:
         selector: str = "auto",
         device: str | None = None,
         verbose: bool = False,
+        exact: bool = False,
+        flash_attn: bool = False,
+        capture: str = "auto",
     ) -> None:
         if selector not in SELECTORS:
             raise ValueError(f"selector must be one of {sorted(SELECTORS)}, got {selector!r}")
         if n_max != "auto" and (not isinstance(n_max, int) or n_max < 0):
             raise ValueError(f"n_max must be 'auto' or an int >= 0, got {n_max!r}")
+        if capture not in ("auto", "tap", "callback"):
+            raise ValueError(f"capture must be 'auto', 'tap' or 'callback', got {capture!r}")
+        owns_llm = not isinstance(model, llama_cpp.Llama)
         if isinstance(model, llama_cpp.Llama):
+            self.invariance = exactness.llama_invariance(model)
+            if exact and not self.invariance:
+                raise ExactnessUnavailable(exactness.unavailable_message(self.invariance))
             self.llm = model
         else:
             path = Path(model)
             if not path.is_file():
                 raise FileNotFoundError(f"target model not found: {path}")
-            self.llm = llama_cpp.Llama(
-                model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, n_batch=512, verbose=verbose
-            )
+            self.llm, self.invariance = load_target(path, n_ctx=n_ctx, n_threads=n_threads, verbose=verbose,
+                                                    exact=exact, flash_attn=flash_attn)
+        self.exact = exact
         self.n_max = n_max
         self.selector = selector
         self.drafter: Drafter | None = None
@@ -99,9 +140,20 @@ class Speculator:
                 n_threads=self.llm.context_params.n_threads_batch,
                 device=device,
             )
-        ctx_addr = ctypes.cast(self.llm._ctx.ctx, ctypes.c_void_p).value
-        handle = lib.pdf2_engine_new(
+        arch = str(self.llm.metadata.get("general.architecture", ""))
+        #: "tap" or "callback": how the drafter's features are read (None: no drafter)
+        self.capture_path: str | None = None
+        self._capturing: feature_capture.CapturingContext | None = None
+        target_ctx = self.llm._ctx.ctx
+        if self.drafter is not None:
+            self.capture_path = feature_capture.capture_path(arch) if capture == "auto" else capture
+            if self.capture_path == "callback":
+                self._capturing = feature_capture.capturing_context(self.llm, replace=owns_llm)
+                target_ctx = self._capturing.ctx
+        ctx_addr = ctypes.cast(target_ctx, ctypes.c_void_p).value
+        handle = lib.pdf2_engine_new_capture(
             ffi.cast("void *", ctx_addr),
+            self._capturing.capture.handle if self._capturing is not None else ffi.NULL,
             self.drafter._h if self.drafter is not None else ffi.NULL,
             -1 if n_max == "auto" else int(n_max),
             SELECTORS[selector],
@@ -110,6 +162,9 @@ class Speculator:
         if handle == ffi.NULL:
             raise GenerationError(_native.last_error())
         self._engine = ffi.gc(handle, lib.pdf2_engine_free)
+        if exact and self.invariance.max_batch is not None:
+            # verify batches larger than this take other matmul kernels (exactness.py)
+            _check(lib.pdf2_engine_cap_draft(self._engine, self.invariance.max_batch - 1), "cap_draft")
         self.max_draft = int(lib.pdf2_engine_max_draft(self._engine))
         self._out = np.zeros(self.max_draft + 1, dtype=np.int32)
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
@@ -133,6 +188,10 @@ class Speculator:
         if self.drafter is not None:
             self.drafter.close()
             self.drafter = None
+        capturing = getattr(self, "_capturing", None)
+        if capturing is not None and capturing.context is not self.llm._ctx:
+            capturing.close()  # our second context next to a Llama passed in
+        self._capturing = None
 
     def __enter__(self) -> Speculator:
         return self
@@ -159,21 +218,7 @@ class Speculator:
             if bad:
                 raise ValueError(f"token ids outside the vocabulary (0..{n_vocab - 1}): {bad[:5]}")
             return ids
-        template = self.llm.metadata.get("tokenizer.chat_template")
-        if not template:
-            raise ValueError("the target model has no chat template: pass chat=False (raw prompt) or token ids")
-        formatter = Jinja2ChatFormatter(
-            template=template,
-            eos_token=self._token_text(self.llm.token_eos()),
-            bos_token=self._token_text(self.llm.token_bos()),
-        )
-        result = formatter(messages=list(messages))
-        return self.llm.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True)
-
-    def _token_text(self, token: int) -> str:
-        if token < 0:
-            return ""
-        return self.llm._model.token_get_text(token)
+        return chat_prompt_tokens(self.llm, messages)
 
     def _token_bytes(self, token: int) -> bytes:
         return self.llm.detokenize([token])
@@ -299,5 +344,37 @@ class Speculator:
             ttft_s=ttft,
             total_s=elapsed,
             tokens_per_second=(n_tokens - 1) / decode_s if n_tokens > 1 else 0.0,
+            # greedy output is plain decoding's, token for token: a batch-invariant
+            # target, or no verify batches at all
+            exact=self.max_draft == 0 or (bool(self.invariance) and (
+                self.invariance.max_batch is None or self.max_draft + 1 <= self.invariance.max_batch)),
         )
         return s
+
+
+def load_target(
+    path: str | os.PathLike[str],
+    *,
+    n_ctx: int = 4096,
+    n_threads: int | None = None,
+    verbose: bool = False,
+    exact: bool = False,
+    flash_attn: bool = False,
+) -> tuple[llama_cpp.Llama, exactness.Invariance]:
+    """Loads a target GGUF the way the Speculator runs it, and says whether its
+    forward is batch-invariant. exact=True checks the build first and raises
+    ExactnessUnavailable before anything is loaded (see exactness.py).
+    flash_attn: off by default, and off in exact mode over >= 512 KV cells."""
+    flash_attn = exactness.flash_attn_for(n_ctx, exact, flash_attn)
+    if exact:
+        build = exactness.build_invariance()
+        if not build:
+            raise ExactnessUnavailable(exactness.unavailable_message(build))
+    # n_threads, when given, serves batches too (llama-cpp-python would use all cores there)
+    llm = llama_cpp.Llama(model_path=os.fspath(path), n_ctx=n_ctx, n_threads=n_threads,
+                          n_threads_batch=n_threads, n_batch=512, flash_attn=flash_attn, verbose=verbose)
+    inv = exactness.llama_invariance(llm)
+    if exact and not inv:
+        llm.close()
+        raise ExactnessUnavailable(exactness.unavailable_message(inv))
+    return llm, inv

@@ -1,7 +1,9 @@
 """Small real models made on the spot, for tests, examples and benchmarks.
 
-- make_target_gguf: a tiny llama-architecture GGUF with a working byte-level
-  BPE tokenizer and a ChatML template; llama.cpp loads and generates from it.
+- make_target_gguf: a tiny GGUF target (llama architecture by default; also
+  qwen2 and gemma3, which have no layer-input taps in llama.cpp) with a working
+  byte-level BPE tokenizer and a ChatML template; llama.cpp loads and generates
+  from it.
 - make_drafter_checkpoint: a random DFlash2 (or DFlash1) drafter for that
   target in the published Hugging Face layout (config.json + safetensors).
 - checkpoint_to_gguf: turns such a checkpoint into a dflash GGUF directly. It
@@ -61,10 +63,15 @@ _CORPUS = (
 )
 
 
+#: architectures make_target_gguf can write (qwen2 and gemma3 have no layer-input taps)
+TARGET_ARCHS = ("llama", "qwen2", "gemma3")
+
+
 @dataclass(frozen=True)
 class TargetSpec:
-    """Shape of the tiny llama-architecture target."""
+    """Shape of the tiny target (arch: one of TARGET_ARCHS)."""
 
+    arch: str = "llama"
     n_layer: int = 4
     n_embd: int = 64
     n_head: int = 4
@@ -182,13 +189,19 @@ def make_vocab(n_merges: int) -> tuple[list[str], list[int], list[str]]:
 
 
 def make_target_gguf(path: str | Path, spec: TargetSpec = TargetSpec()) -> Path:
-    """Writes a tiny random llama-architecture target GGUF and returns its path."""
+    """Writes a tiny random target GGUF of spec.arch and returns its path.
+
+    Beyond llama's tensors, qwen2 adds q/k/v biases and gemma3 adds per-head
+    q/k norms and post-attention / post-FFN norms (what the pinned llama.cpp's
+    src/models/{qwen2,gemma3}.cpp load)."""
+    if spec.arch not in TARGET_ARCHS:
+        raise ValueError(f"arch must be one of {TARGET_ARCHS}, got {spec.arch!r}")
     path = Path(path)
     rng = np.random.default_rng(spec.seed)
     tokens, types, merges = make_vocab(spec.n_merges)
     V, H, F, D = len(tokens), spec.n_embd, spec.n_ff, spec.head_dim
 
-    w = gguf.GGUFWriter(str(path), arch="llama")
+    w = gguf.GGUFWriter(str(path), arch=spec.arch)
     w.add_name("pydflash2-tiny-target")
     w.add_context_length(spec.n_ctx)
     w.add_embedding_length(H)
@@ -238,6 +251,15 @@ def make_target_gguf(path: str | Path, spec: TargetSpec = TargetSpec()) -> Path:
         w.add_tensor(p + "ffn_gate.weight", mat(F, H, s))
         w.add_tensor(p + "ffn_up.weight", mat(F, H, s))
         w.add_tensor(p + "ffn_down.weight", mat(H, F, 1.0 / np.sqrt(F)))
+        if spec.arch == "qwen2":
+            w.add_tensor(p + "attn_q.bias", (0.1 * rng.standard_normal(spec.n_head * D)).astype(np.float32))
+            w.add_tensor(p + "attn_k.bias", (0.1 * rng.standard_normal(spec.n_head_kv * D)).astype(np.float32))
+            w.add_tensor(p + "attn_v.bias", (0.1 * rng.standard_normal(spec.n_head_kv * D)).astype(np.float32))
+        elif spec.arch == "gemma3":
+            w.add_tensor(p + "attn_q_norm.weight", norm(D))
+            w.add_tensor(p + "attn_k_norm.weight", norm(D))
+            w.add_tensor(p + "post_attention_norm.weight", norm(H))
+            w.add_tensor(p + "post_ffw_norm.weight", norm(H))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

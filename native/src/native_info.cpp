@@ -1,6 +1,7 @@
 // pdf2_native_info_json: what ggml/llama this process runs and which ggml
 // backend devices it offers (CPU always; CUDA/Metal when llama-cpp-python was
 // built with them).
+#include "batch_invariance.h"
 #include "errors.h"
 #include "json_writer.h"
 
@@ -33,6 +34,24 @@ std::string native_info_json() {
     w.field("llama_system_info", llama_print_system_info());
     w.field("supports_gpu_offload", llama_supports_gpu_offload());
     w.field("supports_mmap", llama_supports_mmap());
+    // Build-level batch invariance: no llamafile sgemm in the CPU backend and no
+    // other backend that could run the target (GPU kernels depend on the batch
+    // size). The target's weight types and flash attention refine this per
+    // model (pydflash2/exactness.py).
+    const pdf2::BuildInvariance bi = pdf2::build_invariance();
+    std::string reason;
+    if (bi.llamafile) {
+        reason = "the CPU backend uses llamafile sgemm for batches > 1 (built with GGML_LLAMAFILE=ON)";
+    } else if (bi.matmul_int8) {
+        // vec_dot nrows = 2 for Q4_0/Q4_1/Q8_0... on i8mm CPUs: batches pair rows, a batch of one cannot
+        reason = "the CPU's int8 matrix-multiply kernels (ARM i8mm) pair rows in batches";
+    } else if (!bi.other_devices.empty()) {
+        reason = "non-CPU backend devices present (" + bi.other_devices + "): their kernels depend on the batch size";
+    }
+    w.field("llamafile", bi.llamafile);
+    w.field("cpu_repack", bi.repack);
+    w.field("batch_invariant", reason.empty());
+    w.field("batch_invariant_reason", reason);
     w.key("devices").begin_array();
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
         ggml_backend_dev_t dev = ggml_backend_dev_get(i);

@@ -21,8 +21,9 @@ std::vector<int32_t> feature_layers(const Drafter * d) { return d ? d->hparams()
 
 }  // namespace
 
-SpecEngine::SpecEngine(llama_context * target, Drafter * drafter, const EngineOptions & opts)
-    : target_(target, opts.n_max == 0 ? std::vector<int32_t>{} : feature_layers(drafter)),
+SpecEngine::SpecEngine(llama_context * target, Drafter * drafter, const EngineOptions & opts,
+                       CallbackCapture * capture)
+    : target_(target, opts.n_max == 0 ? std::vector<int32_t>{} : feature_layers(drafter), capture),
       drafter_(opts.n_max == 0 ? nullptr : drafter),
       opts_(opts),
       policy_(0) {
@@ -60,6 +61,17 @@ void SpecEngine::reset_stats() {
     stats_.drafted.assign(static_cast<size_t>(max_draft_), 0);
     stats_.accepted.assign(static_cast<size_t>(max_draft_), 0);
     stats_.n_max_used.assign(static_cast<size_t>(max_draft_) + 1, 0);
+}
+
+void SpecEngine::cap_draft(int max_draft) {
+    if (max_draft < 0) {
+        throw Error("draft cap must be >= 0");
+    }
+    if (max_draft < max_draft_) {
+        max_draft_ = max_draft;
+        policy_ = DraftLengthPolicy(max_draft_);
+        reset_stats();
+    }
 }
 
 void SpecEngine::set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s) {

@@ -35,7 +35,9 @@ struct EngineStats {
 
 class SpecEngine {
   public:
-    SpecEngine(llama_context * target, Drafter * drafter, const EngineOptions & opts);
+    // capture: the context's CallbackCapture when its features come through the callback path.
+    SpecEngine(llama_context * target, Drafter * drafter, const EngineOptions & opts,
+               CallbackCapture * capture = nullptr);
 
     void set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s);
     // Times target decodes of B = 1..max_draft+1 tokens and drafter blocks of n = 1..max_draft
@@ -52,6 +54,9 @@ class SpecEngine {
     void release_target() { target_.release(); }
 
     int max_draft() const { return max_draft_; }
+    // Lowers max_draft (before costs are set): exact mode keeps verify batches
+    // below the sizes where ggml switches the target's matmul kernels.
+    void cap_draft(int max_draft);
     int32_t position() const { return pos_; }
     const EngineStats & stats() const { return stats_; }
     std::string stats_json() const;

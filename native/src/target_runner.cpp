@@ -11,15 +11,6 @@ namespace pdf2 {
 
 namespace {
 
-// Architectures whose llama.cpp graph records layer inputs (res->t_layer_inp in
-// src/models/*.cpp of the pinned llama.cpp). Asking any other graph for them
-// aborts inside llama_decode, so it is refused up front.
-const char * const FEATURE_ARCHS[] = {
-    "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "gemma4", "muse-glimmer",
-    "deepseek4", "nemotron_h", "bailingmoe3", "hunyuan_vl", "gpt-oss", "lfm2", "minimax-01", "minimax-m2",
-    "mimo2", "nanbeige",
-};
-
 std::string model_arch(const llama_model * model) {
     char buf[128] = {0};
     if (llama_model_meta_val_str(model, "general.architecture", buf, sizeof(buf)) < 0) {
@@ -30,7 +21,7 @@ std::string model_arch(const llama_model * model) {
 
 }  // namespace
 
-TargetRunner::TargetRunner(llama_context * ctx, const std::vector<int32_t> & feature_layers)
+TargetRunner::TargetRunner(llama_context * ctx, const std::vector<int32_t> & feature_layers, CallbackCapture * capture)
     : ctx_(ctx), layers_(feature_layers) {
     if (ctx_ == nullptr) {
         throw Error("target context is NULL");
@@ -42,24 +33,25 @@ TargetRunner::TargetRunner(llama_context * ctx, const std::vector<int32_t> & fea
     n_vocab_ = llama_vocab_n_tokens(vocab_);
     n_embd_ = llama_model_n_embd(model);
     n_layer_ = llama_model_n_layer(model);
-    if (!layers_.empty()) {
-        const std::string arch = model_arch(model);
-        bool supported = false;
-        for (const char * a : FEATURE_ARCHS) {
-            supported = supported || arch == a;
-        }
-        if (!supported) {
-            throw Error("target architecture '" + arch +
-                        "' does not expose layer inputs in this llama.cpp, so a DFlash drafter cannot read it");
-        }
+    arch_ = model_arch(model);
+    // a capture given means the context was made with our callback: use it (the caller
+    // chose it, normally because the architecture has no taps; see capture_rule.h)
+    path_ = capture != nullptr ? CapturePath::Callback : CapturePath::Tap;
+    capture_ = capture;
+    if (!layers_.empty() && path_ == CapturePath::Tap && pdf2::capture_path(arch_) != CapturePath::Tap) {
+        throw Error("target architecture '" + arch_ +
+                    "' does not expose layer inputs in this llama.cpp: its drafter features need a target context "
+                    "created with pydflash2's capture callback (pydflash2.capture.capturing_context)");
     }
+    const int32_t lo = min_feature_layer();
+    const int32_t hi = max_feature_layer(arch_, n_layer_, path_);
     for (const int32_t lid : layers_) {
-        // llama.cpp records the inputs of layers 0..n_layer-1
-        if (lid < 1 || lid >= n_layer_) {
-            throw Error("drafter taps target layer input " + std::to_string(lid) + " but the target has " +
-                        std::to_string(n_layer_) + " layers (capturable inputs: 1.." + std::to_string(n_layer_ - 1) +
-                        ")");
+        if (lid < lo || lid > hi) {
+            throw Error("drafter taps target layer input " + std::to_string(lid) + " but the " + arch_ + " target has " +
+                        std::to_string(n_layer_) + " layers (capturable inputs through the " +
+                        capture_path_name(path_) + " path: " + std::to_string(lo) + ".." + std::to_string(hi) + ")");
         }
+        outputs_all_rows_ = outputs_all_rows_ || (path_ == CapturePath::Callback && lid == n_layer_);
     }
     batch_ = llama_batch_init(n_batch_, 0, 1);
 }
@@ -70,16 +62,25 @@ TargetRunner::TargetRunner(llama_context * ctx, const std::vector<int32_t> & fea
 TargetRunner::~TargetRunner() { llama_batch_free(batch_); }
 
 void TargetRunner::release() {
+    if (path_ == CapturePath::Callback) {
+        capture_->disarm();
+        return;
+    }
     for (const int32_t lid : layers_) {
         llama_set_embeddings_layer_inp(ctx_, static_cast<uint32_t>(lid), false);
     }
 }
 
 void TargetRunner::claim() {
+    if (pdf2::capture_path(arch_) != CapturePath::Tap) {
+        return;  // this graph has no taps (asking it for one would abort); the callback is armed per decode
+    }
     // Several engines may share one context (e.g. a benchmark interleaving
-    // configurations): set every layer's capture to what this runner needs.
-    for (int32_t lid = 0; lid < n_layer_; ++lid) {
-        const bool want = std::find(layers_.begin(), layers_.end(), lid) != layers_.end();
+    // configurations): set every tap to what this runner needs (none on the callback path).
+    const int32_t top = max_feature_layer(arch_, n_layer_, CapturePath::Tap);
+    for (int32_t lid = 0; lid <= top; ++lid) {
+        const bool want =
+            path_ == CapturePath::Tap && std::find(layers_.begin(), layers_.end(), lid) != layers_.end();
         llama_set_embeddings_layer_inp(ctx_, static_cast<uint32_t>(lid), want);
     }
 }
@@ -100,11 +101,22 @@ void TargetRunner::decode(const llama_token * tokens, int32_t n, int32_t pos0, b
         batch_.pos[i] = pos0 + i;
         batch_.n_seq_id[i] = 1;
         batch_.seq_id[i][0] = 0;
-        batch_.logits[i] = (all_logits || i == n - 1) ? 1 : 0;
+        // the last layer's output is computed only for rows that output logits
+        batch_.logits[i] = (all_logits || outputs_all_rows_ || i == n - 1) ? 1 : 0;
+    }
+    const bool capturing = path_ == CapturePath::Callback && !layers_.empty();
+    if (capturing) {
+        capture_->arm(layers_, n_embd_, n);
     }
     const int32_t rc = llama_decode(ctx_, batch_);
+    if (capturing) {
+        capture_->disarm();
+    }
     if (rc != 0) {
         throw Error("target llama_decode failed (code " + std::to_string(rc) + ")");
+    }
+    if (capturing) {
+        capture_->check_complete(arch_);
     }
     last_n_ = n;
     last_all_logits_ = all_logits;
@@ -122,7 +134,9 @@ void TargetRunner::features(int32_t row0, int32_t n, std::vector<float> & out) c
     const size_t width = static_cast<size_t>(feature_width());
     out.resize(static_cast<size_t>(n) * width);
     for (size_t k = 0; k < layers_.size(); ++k) {
-        const float * rows = llama_get_embeddings_layer_inp(ctx_, static_cast<uint32_t>(layers_[k]));
+        const float * rows = path_ == CapturePath::Callback
+                                 ? capture_->rows(layers_[k])
+                                 : llama_get_embeddings_layer_inp(ctx_, static_cast<uint32_t>(layers_[k]));
         if (rows == nullptr) {
             throw Error("target layer input " + std::to_string(layers_[k]) +
                         " was not captured (is this target architecture supported by upstream's extraction?)");

@@ -2,9 +2,18 @@
 // uses it. The context belongs to the caller (llama-cpp-python made it); this
 // class decodes batches into its sequence 0, hands out logit rows and the
 // captured layer inputs (the drafter's features), and rolls the cache back.
+//
+// Features come through one of two capture paths (capture_rule.h): llama.cpp's
+// layer-input taps where the architecture has them, else a CallbackCapture
+// installed in the context as its graph evaluation callback.
 #pragma once
 
+#include "capture_rule.h"
+#include "feature_capture_callback.h"
+
 #include <llama.h>
+
+#include <string>
 
 #include <cstdint>
 #include <vector>
@@ -14,7 +23,10 @@ namespace pdf2 {
 class TargetRunner {
   public:
     // feature_layers: target layer INPUT indices to capture (dflash.target_layers); empty = none.
-    TargetRunner(llama_context * ctx, const std::vector<int32_t> & feature_layers);
+    // capture: the CallbackCapture the context was created with (its cb_eval user data), or
+    // null. Taps are used where the architecture has them; otherwise the capture is required.
+    TargetRunner(llama_context * ctx, const std::vector<int32_t> & feature_layers,
+                 CallbackCapture * capture = nullptr);
     ~TargetRunner();
     TargetRunner(const TargetRunner &) = delete;
     TargetRunner & operator=(const TargetRunner &) = delete;
@@ -35,6 +47,9 @@ class TargetRunner {
     void claim();    // make the context capture exactly this runner's layers (before each request)
     void release();  // stop capturing layer inputs (call while the context is alive)
 
+    CapturePath capture_path() const { return path_; }
+    const std::string & arch() const { return arch_; }
+
     int32_t n_ctx() const { return n_ctx_; }
     int32_t n_batch() const { return n_batch_; }
     int32_t n_vocab() const { return n_vocab_; }
@@ -47,6 +62,10 @@ class TargetRunner {
     llama_context * ctx_;
     const llama_vocab * vocab_;
     std::vector<int32_t> layers_;
+    std::string arch_;
+    CapturePath path_ = CapturePath::Tap;
+    CallbackCapture * capture_ = nullptr;  // set on the callback path
+    bool outputs_all_rows_ = false;  // the last layer's output exists only for rows that output logits
     llama_batch batch_;
     int32_t n_ctx_, n_batch_, n_vocab_, n_embd_, n_layer_;
     int32_t last_n_ = 0;

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import CliError, add_model_args, parse_list, parse_n_max, resolve_draft
+from .common import CliError, add_exact_arg, add_model_args, parse_list, parse_n_max, resolve_draft
 
 NAME = "bench"
 
@@ -13,6 +13,7 @@ NAME = "bench"
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(NAME, help="benchmark configurations against plain decoding")
     add_model_args(p)
+    add_exact_arg(p)
     p.add_argument("--prompts", help="text file, one prompt per line (default: a built-in set)")
     p.add_argument("--n-max", default="0,auto", help="comma list, e.g. 0,2,4,auto (0 is always added)")
     p.add_argument("--temperature", default="0", help="comma list of temperatures")
@@ -25,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .._native import NativeError
     from ..bench import DEFAULT_PROMPTS, BenchConfig, run_bench
     from ..models import resolve_target
 
@@ -48,6 +50,12 @@ def run(args: argparse.Namespace) -> int:
     config = BenchConfig(
         model=str(target), draft=resolve_draft(args), prompts=prompts, n_maxes=n_maxes, temperatures=temperatures,
         selectors=selectors, max_tokens=args.max_tokens, repeats=args.repeats, chat=not args.raw,
-        n_ctx=args.n_ctx, n_threads=args.threads, device=args.device, out_dir=Path(args.out),
+        n_ctx=args.n_ctx, n_threads=args.threads, device=args.device, out_dir=Path(args.out), exact=args.exact,
     )
-    return run_bench(config)
+    from ..exactness import ExactnessUnavailable
+
+    try:
+        return run_bench(config)
+    # an unloadable model, a bad drafter or a mismatched pair; --exact on a variant build
+    except (ValueError, NativeError, ExactnessUnavailable) as e:
+        raise CliError(str(e)) from None

@@ -65,3 +65,9 @@ def resolve_draft(args: argparse.Namespace) -> str | None:
 
     draft = _resolve(args.model, args.draft)
     return None if draft is None else str(draft)
+
+
+def add_exact_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--exact", action="store_true",
+                   help="refuse to run unless greedy output is bit-identical to plain decoding (needs a "
+                        "batch-invariant llama-cpp-python; `pydflash2 info` shows whether this one is)")

@@ -6,11 +6,11 @@ import argparse
 import json
 import sys
 
-from .common import CliError, add_model_args, parse_n_max, resolve_draft
+from .common import CliError, add_exact_arg, add_model_args, parse_n_max, resolve_draft
 
 NAME = "generate"
 
-STATS_KEYS = ("tau", "n_max", "tokens_per_second", "ttft_s", "draft_s", "verify_s", "inject_s",
+STATS_KEYS = ("exact", "tau", "n_max", "tokens_per_second", "ttft_s", "draft_s", "verify_s", "inject_s",
               "drafted_per_position", "accepted_per_position", "n_max_histogram")
 
 
@@ -18,6 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(NAME, help="generate text with speculative decoding")
     p.add_argument("prompt", help="the prompt (a user message unless --raw)")
     add_model_args(p)
+    add_exact_arg(p)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -36,6 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .._native import NativeError
+    from ..exactness import ExactnessUnavailable
     from ..models import resolve_target
     from ..speculator import GenerationError, Speculator
 
@@ -43,9 +46,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         spec = Speculator(
             resolve_target(args.model), draft, n_ctx=args.n_ctx, n_threads=args.threads,
-            n_max=args.n_max if draft else 0, selector=args.selector, device=args.device,
+            n_max=args.n_max if draft else 0, selector=args.selector, device=args.device, exact=args.exact,
         )
-    except (OSError, ValueError, GenerationError) as e:
+    # NativeError: a bad drafter or a mismatched pair; ExactnessUnavailable: --exact on a variant build
+    except (OSError, ValueError, NativeError, ExactnessUnavailable) as e:
         raise CliError(str(e)) from None
     kwargs = dict(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
@@ -70,5 +74,6 @@ def run(args: argparse.Namespace) -> int:
                           "stats": {k: s[k] for k in STATS_KEYS}}))
     else:
         print(f"[{out.finish_reason}] {len(out.tokens)} tokens, {s['tokens_per_second']:.1f} tok/s, "
-              f"tau {s['tau']:.2f}, ttft {s['ttft_s'] * 1000:.0f} ms, n_max {s['n_max']}", file=sys.stderr)
+              f"tau {s['tau']:.2f}, ttft {s['ttft_s'] * 1000:.0f} ms, n_max {s['n_max']}, "
+              f"exact {'yes' if s['exact'] else 'no'}", file=sys.stderr)
     return 0

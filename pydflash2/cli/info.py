@@ -28,6 +28,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"ggml {info['ggml_version']} ({info['ggml_commit']})")
         print(f"native library: {info['native_library']}")
         print(f"system: {info['llama_system_info'].strip()}")
+        if info["batch_invariant"]:
+            print("batch-invariant: yes (exact speculative decoding available: --exact)")
+        else:
+            print(f"batch-invariant: no ({info['batch_invariant_reason']})")
         print("backend devices:")
         for dev in info["devices"]:
             mem = dev["memory_total"] / 2**30

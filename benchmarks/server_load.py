@@ -1,0 +1,364 @@
+"""Load benchmark of the OpenAI-compatible server, and a soak test.
+
+Load (default): the same N requests (mixed prompt and answer lengths, T=0)
+from C concurrent clients against our server with --parallel 1 and
+--parallel 4 and against llama-cpp-python's own server on the same target,
+one after the other in one run. Prints throughput (completion tokens/s and
+requests/s), p50/p95 latency, server RSS before/after, and the ratios to
+llama-cpp-python's server.
+
+Soak (--soak): our server under C clients x M requests each, a share of them
+malformed. Every good request must get 200 with a text, every bad one a 4xx;
+no 5xx, no dropped connection; RSS growth from the first answer to the last
+must stay under 5 %.
+
+    python benchmarks/server_load.py                      # SmolLM2 + a random drafter
+    python benchmarks/server_load.py --requests 40 --clients 8 --soak --soak-requests 50
+    python benchmarks/server_load.py --measure-delta       # logit drift of batching (tests' near-tie delta)
+
+llama-cpp-python's server needs its extra: pip install "llama-cpp-python[server]==0.3.36".
+Run it from outside the source checkout (the installed package is imported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+PROMPTS = [
+    "Write a short poem about the sea.",
+    "Explain why the sky is blue in two sentences.",
+    "List five fruits.",
+    "What is the capital of France?",
+    "Tell me a story about a little robot who wanted to fly.",
+    "How do I boil an egg?",
+    "Summarise the plot of Romeo and Juliet.",
+    "Give me three tips for learning to code.",
+    "What is 12 times 7?",
+    "Describe a cat to someone who has never seen one.",
+]
+MAX_TOKENS = [16, 32, 64, 128]  # --max-tokens overrides
+
+# malformed requests for the soak: (body bytes, content type)
+BAD_REQUESTS = [
+    (b"{not json", "application/json"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -5}).encode(), "application/json"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}], "top_p": 0}).encode(), "application/json"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}).encode(), "application/json"),
+    (json.dumps({"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+     "application/json"),
+    (json.dumps({"max_tokens": 5}).encode(), "application/json"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode(), "text/plain"),
+    (json.dumps({"messages": [{"role": "user", "content": "x" * 2_000_000}]}).encode(), "application/json"),
+    (json.dumps({"messages": [{"role": "wizard", "content": "hi"}]}).encode(), "application/json"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**9}).encode(), "application/json"),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class Server:
+    def __init__(self, name: str, cmd: list[str], port: int, ready_path: str, log_dir: Path) -> None:
+        self.name, self.port = name, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = open(log_dir / f"{name.replace(' ', '_')}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=log_dir)
+        deadline = time.monotonic() + 1800  # n_max auto measures costs on first start
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{name} exited ({self.proc.returncode}); see {self.log.name}")
+            try:
+                if httpx.get(self.url + ready_path, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{name} did not come up")
+            time.sleep(0.2)
+
+    def rss(self) -> float:
+        return rss_mb(self.proc.pid)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+@dataclass
+class LoadResult:
+    name: str
+    wall_s: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    completion_tokens: int = 0
+    errors: int = 0
+    rss_before: float = 0.0
+    rss_after: float = 0.0
+
+    @property
+    def tok_s(self) -> float:
+        return self.completion_tokens / self.wall_s
+
+    @property
+    def req_s(self) -> float:
+        return len(self.latencies) / self.wall_s
+
+    def pct(self, q: float) -> float:
+        xs = sorted(self.latencies)
+        return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def workload(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"messages": [{"role": "user", "content": rng.choice(PROMPTS)}], "max_tokens": rng.choice(MAX_TOKENS),
+             "temperature": 0} for _ in range(n)]
+
+
+def run_load(server: Server, model: str, bodies: list[dict], clients: int) -> LoadResult:
+    res = LoadResult(server.name)
+    with httpx.Client(timeout=600) as c:  # warm-up (not timed)
+        c.post(server.url + "/v1/chat/completions", json={**bodies[0], "model": model, "max_tokens": 8})
+    res.rss_before = server.rss()
+
+    def one(body: dict) -> tuple[float, int, bool]:
+        t0 = time.perf_counter()
+        with httpx.Client(timeout=600) as c:
+            r = c.post(server.url + "/v1/chat/completions", json={**body, "model": model})
+        dt = time.perf_counter() - t0
+        if r.status_code != 200:
+            return dt, 0, False
+        return dt, int(r.json()["usage"]["completion_tokens"]), True
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        for dt, n, ok in pool.map(one, bodies):
+            res.latencies.append(dt)
+            res.completion_tokens += n
+            res.errors += 0 if ok else 1
+    res.wall_s = time.perf_counter() - t0
+    res.rss_after = server.rss()
+    return res
+
+
+def run_soak(server: Server, model: str, clients: int, per_client: int, bad_share: float) -> dict:
+    counts = {"good_ok": 0, "good_empty": 0, "good_fail": 0, "bad_4xx": 0, "bad_other": 0, "5xx": 0, "dropped": 0}
+    rss: list[float] = []
+    lock = __import__("threading").Lock()
+
+    def client(k: int) -> None:
+        rng = random.Random(1000 + k)
+        with httpx.Client(timeout=600) as c:
+            for _ in range(per_client):
+                bad = rng.random() < bad_share
+                try:
+                    if bad:
+                        body, ctype = rng.choice(BAD_REQUESTS)
+                        r = c.post(server.url + "/v1/chat/completions", content=body,
+                                   headers={"Content-Type": ctype})
+                    else:
+                        r = c.post(server.url + "/v1/chat/completions", json={
+                            "model": model, "messages": [{"role": "user", "content": rng.choice(PROMPTS)}],
+                            "max_tokens": rng.choice([8, 16, 32]), "temperature": rng.choice([0, 0.7]),
+                            "seed": rng.randrange(1 << 30)})
+                except httpx.HTTPError:
+                    with lock:
+                        counts["dropped"] += 1
+                    continue
+                with lock:
+                    if r.status_code >= 500:
+                        counts["5xx"] += 1
+                    elif bad:
+                        counts["bad_4xx" if 400 <= r.status_code < 500 else "bad_other"] += 1
+                    elif r.status_code == 200:
+                        text = r.json()["choices"][0]["message"]["content"]
+                        counts["good_ok" if text else "good_empty"] += 1
+                    else:
+                        counts["good_fail"] += 1
+                    rss.append(server.rss())
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, range(clients)))
+    growth = (rss[-1] - rss[0]) / rss[0] * 100 if rss else float("nan")
+    counts.update(rss_first_mb=round(rss[0], 1), rss_last_mb=round(rss[-1], 1), rss_growth_pct=round(growth, 2))
+    counts["pass"] = (counts["good_fail"] == counts["bad_other"] == counts["5xx"] == counts["dropped"] == 0
+                      and growth < 5.0)
+    return counts
+
+
+def measure_delta(model: str, n_steps: int = 24, rows: int = 4) -> float:
+    """Largest |logit difference| of one sequence's verify rows decoded alone
+    and decoded in one batch with other sequences' rows, in a context made as
+    the server makes it (a KV stream per sequence, flash attention off). The
+    tests' near-tie delta for stock builds derives from it (0 on a
+    batch-invariant build)."""
+    import llama_cpp
+    import numpy as np
+
+    from pydflash2.models import resolve_target
+
+    path = str(resolve_target(model))
+    llm = llama_cpp.Llama(path, n_ctx=256, verbose=False)
+    n_vocab = llm.n_vocab()
+    texts = [t.encode() for t in PROMPTS]
+
+    def run(n_other: int) -> np.ndarray:
+        p = llama_cpp.llama_context_default_params()
+        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = 1024 * (1 + n_other), 512, 512, 1 + n_other
+        p.kv_unified = False
+        p.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        ctx = llama_cpp.llama_init_from_model(llm._model.model, p)
+        batch = llama_cpp.llama_batch_init(512, 0, 1)
+        seqs = [llm.tokenize(texts[k % len(texts)] * 40, add_bos=True)[: 8 + n_steps * rows]
+                for k in range(1 + n_other)]
+
+        def decode(items: list[tuple[int, int, int, bool]]) -> None:
+            batch.n_tokens = len(items)
+            for i, (tok, pos, sid, lg) in enumerate(items):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
+                batch.seq_id[i][0], batch.logits[i] = sid, lg
+            assert llama_cpp.llama_decode(ctx, batch) == 0
+
+        for sid, seq in enumerate(seqs):  # prompts: 8 tokens each, alone
+            decode([(seq[j], j, sid, False) for j in range(8)])
+        out = []
+        for step in range(n_steps):  # verify-like steps: `rows` rows per sequence, all in one batch
+            p0 = 8 + step * rows
+            decode([(seq[p0 + j], p0 + j, sid, True) for sid, seq in enumerate(seqs) for j in range(rows)])
+            for j in range(rows):
+                ptr = llama_cpp.llama_get_logits_ith(ctx, j)
+                out.append(np.ctypeslib.as_array(ptr, shape=(n_vocab,)).copy())
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)
+        return np.stack(out)
+
+    alone = run(0)
+    worst = 0.0
+    for n_other in (1, 3, 7):
+        worst = max(worst, float(np.abs(run(n_other) - alone).max()))
+        print(f"with {n_other} other sequences in the batch: max |logit diff| so far {worst:.3g}")
+    print(f"EPSILON = {worst:.3g} on {Path(path).name}")
+    return worst
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--draft", default=None, help="drafter GGUF (default: a random drafter made for the target)")
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--parallel", default="1,4", help="our server's --parallel values to run")
+    ap.add_argument("--n-ctx", type=int, default=2048)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--n-max", default="auto")
+    ap.add_argument("--max-tokens", default=None, help="comma list of answer lengths to mix (default 16,32,64,128)")
+    ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama-cpp-python's server")
+    ap.add_argument("--soak", action="store_true", help="also run the soak")
+    ap.add_argument("--soak-only", action="store_true")
+    ap.add_argument("--soak-requests", type=int, default=1000, help="requests per soak client")
+    ap.add_argument("--soak-bad", type=float, default=0.3)
+    ap.add_argument("--measure-delta", action="store_true")
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args()
+
+    if args.max_tokens:
+        MAX_TOKENS[:] = [int(x) for x in args.max_tokens.split(",")]
+    if args.measure_delta:
+        measure_delta(args.model)
+        return 0
+
+    from pydflash2.models import resolve_target
+
+    target = str(resolve_target(args.model))
+    model_id = Path(target).stem
+    tmp = Path(tempfile.mkdtemp(prefix="server_load-"))
+    draft = args.draft
+    if draft is None:
+        draft = str(tmp / "random-drafter.gguf")
+        subprocess.run([sys.executable, "-m", "pydflash2", "random-drafter", target, "-o", draft], check=True,
+                       cwd=tmp, stdout=subprocess.DEVNULL)
+    threads = ["--threads", str(args.threads)] if args.threads else []
+    ours = [sys.executable, "-m", "pydflash2.server", "--model", target, "--draft", draft, "--n-ctx",
+            str(args.n_ctx), "--n-max", args.n_max, "--max-queue", "1000", *threads]
+    env_note = f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start"
+    results: list[LoadResult] = []
+    report: dict = {"target": target, "draft": draft, "requests": args.requests, "clients": args.clients,
+                    "machine": env_note}
+
+    if not args.soak_only:
+        bodies = workload(args.requests)
+        for par in [int(x) for x in args.parallel.split(",")]:
+            port = free_port()
+            s = Server(f"pydflash2 --parallel {par}", [*ours, "--port", str(port), "--parallel", str(par)], port,
+                       "/health", tmp)
+            try:
+                results.append(run_load(s, model_id, bodies, args.clients))
+            finally:
+                s.stop()
+        if not args.no_llama_cpp:
+            port = free_port()
+            cmd = [sys.executable, "-m", "llama_cpp.server", "--model", target, "--model_alias", model_id,
+                   "--n_ctx", str(args.n_ctx), "--host", "127.0.0.1", "--port", str(port)]
+            if args.threads:
+                cmd += ["--n_threads", str(args.threads)]
+            s = Server("llama-cpp-python server", cmd, port, "/v1/models", tmp)
+            try:
+                results.append(run_load(s, model_id, bodies, args.clients))
+            finally:
+                s.stop()
+        base = results[-1] if not args.no_llama_cpp else results[0]
+        print(f"\n{args.requests} requests, {args.clients} clients, target {Path(target).name}, {env_note}")
+        print(f"{'server':28s} {'tok/s':>8s} {'req/s':>7s} {'p50 s':>7s} {'p95 s':>7s} {'errors':>6s} "
+              f"{'RSS MB before->after':>22s} {'tok/s ratio':>11s} {'p95 ratio':>9s}")
+        for r in results:
+            print(f"{r.name:28s} {r.tok_s:8.1f} {r.req_s:7.2f} {r.pct(0.5):7.2f} {r.pct(0.95):7.2f} {r.errors:6d} "
+                  f"{r.rss_before:10.0f}->{r.rss_after:<10.0f} {r.tok_s / base.tok_s:11.2f} "
+                  f"{r.pct(0.95) / base.pct(0.95):9.2f}")
+        report["load"] = [{"name": r.name, "tok_s": r.tok_s, "req_s": r.req_s, "p50_s": r.pct(0.5),
+                           "p95_s": r.pct(0.95), "errors": r.errors, "rss_before_mb": r.rss_before,
+                           "rss_after_mb": r.rss_after, "completion_tokens": r.completion_tokens,
+                           "wall_s": r.wall_s} for r in results]
+
+    if args.soak or args.soak_only:
+        port = free_port()
+        s = Server("pydflash2 soak", [*ours, "--port", str(port), "--parallel", "4"], port, "/health", tmp)
+        try:
+            soak = run_soak(s, model_id, args.clients, args.soak_requests, args.soak_bad)
+        finally:
+            s.stop()
+        print(f"\nsoak: {args.clients} clients x {args.soak_requests} requests, {args.soak_bad:.0%} malformed")
+        print(json.dumps(soak, indent=1))
+        report["soak"] = soak
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0 if report.get("soak", {}).get("pass", True) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

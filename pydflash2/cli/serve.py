@@ -1,0 +1,75 @@
+"""`pydflash2 serve` (also `python -m pydflash2.server`): the OpenAI-compatible
+HTTP server with continuous batching over the draft-verify engine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .common import CliError, Parser, add_model_args, parse_n_max, resolve_draft
+
+NAME = "serve"
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--parallel", type=int, default=1,
+                   help="slots: requests decoded together, each its own sequence (default 1); --n-ctx is per slot")
+    p.add_argument("--n-max", type=parse_n_max, default="auto",
+                   help="drafts per block: auto (default) or N (0 = plain)")
+    p.add_argument("--selector", choices=["auto", "greedy", "sample", "viterbi"], default="auto",
+                   help="path walk through the DFlash2 lattice (auto: greedy at T=0, sampled otherwise)")
+    p.add_argument("--exact", action="store_true",
+                   help="refuse to start unless greedy output is bit-identical to plain decoding whatever else is "
+                        "in the batch (needs a batch-invariant llama-cpp-python build)")
+    p.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY (all but /health)")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests that may wait for a slot; beyond that: 503 + Retry-After (default 64)")
+    p.add_argument("--model-alias", default=None, help="model id in /v1/models (default: the GGUF file name stem)")
+    p.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (default 1 MiB)")
+    p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(NAME, help="OpenAI-compatible HTTP server (continuous batching, /metrics)")
+    add_serve_args(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.parallel < 1:
+        raise CliError(f"--parallel must be >= 1, got {args.parallel}")
+    if args.max_queue < 0:
+        raise CliError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if not 0 < args.port < 65536:
+        raise CliError(f"--port must be in 1..65535, got {args.port}")
+    if args.n_ctx < 32:
+        raise CliError(f"--n-ctx must be >= 32, got {args.n_ctx}")
+    from ..server.main import ServerOptions, serve
+
+    draft = resolve_draft(args)  # the shipped drafter for the default model when --draft is omitted
+    try:
+        return serve(ServerOptions(
+            model=args.model, draft=draft, host=args.host, port=args.port, n_ctx=args.n_ctx,
+            parallel=args.parallel, n_max=args.n_max if draft else 0, selector=args.selector,
+            threads=args.threads, device=args.device, exact=args.exact, api_key=args.api_key,
+            max_queue=args.max_queue, model_alias=args.model_alias, max_body=args.max_body,
+            log_level=args.log_level,
+        ))
+    except (OSError, ValueError, RuntimeError) as e:
+        raise CliError(str(e)) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m pydflash2.server`: the same options without the subcommand."""
+    parser = Parser(prog="python -m pydflash2.server", description="pydflash2 OpenAI-compatible server")
+    add_serve_args(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except CliError as e:
+        print(f"pydflash2 serve: error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,8 @@
+"""pydflash2.server: an OpenAI-compatible HTTP server over the draft-verify
+engine, with continuous batching (`--parallel N` slots in one target context)
+and Prometheus metrics. Run it with `pydflash2 serve` or
+`python -m pydflash2.server`.
+
+Modules: engine (native batch engine binding), scheduler (slots and the step
+loop), metrics (Prometheus), schemas (OpenAI bodies), app (FastAPI routes),
+main (wiring and uvicorn)."""

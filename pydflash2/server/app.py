@@ -1,0 +1,287 @@
+"""The FastAPI application: OpenAI-compatible endpoints over the Scheduler.
+
+Every bad request gets an OpenAI-style error body ({"error": {message, type,
+param, code}}) and a 4xx; the server keeps serving. Bodies are read and
+checked here by hand (content type, size, JSON, fields) so that each failure
+has its own clear status and message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+from sse_starlette.sse import EventSourceResponse
+
+from . import schemas
+from .scheduler import Finished, GenerationRequest, QueueFull, Sampling, Scheduler
+
+RETRY_AFTER_S = 1
+DISCONNECT_POLL_S = 0.2
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type_: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
+        self.headers = headers
+
+
+@dataclass
+class ServerConfig:
+    model_id: str  # the name /v1/models lists and requests must use
+    model_aliases: tuple[str, ...]  # other accepted names (the --model argument as given)
+    n_ctx: int  # per request (slot)
+    api_key: str | None = None
+    max_body_bytes: int = 1 << 20
+
+
+@dataclass
+class Tokenizer:
+    """What the handlers need from the target's tokenizer."""
+
+    raw: Callable[[str], list[int]]  # a completion prompt, as llama-cpp-python tokenizes it
+    chat: Callable[[list[dict[str, Any]]], list[int]]  # messages through the chat template
+    n_vocab: int
+
+
+def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig) -> FastAPI:
+    app = FastAPI(title="pydflash2", docs_url=None, redoc_url=None, openapi_url=None)
+    metrics = scheduler.metrics
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, e: ApiError) -> JSONResponse:
+        # 499 (client gone) and 5xx are counted by the scheduler, which saw them happen
+        if e.status == 503:
+            metrics.requests.labels(status="rejected").inc()
+        elif 400 <= e.status < 499:
+            metrics.requests.labels(status="invalid").inc()
+        return JSONResponse(schemas.error_body(e.message, e.type, e.param, e.code), status_code=e.status,
+                            headers=e.headers)
+
+    # a dependency, not an HTTP middleware: Starlette's BaseHTTPMiddleware wraps
+    # `receive`, and handlers then no longer see a client's disconnect
+    async def require_key(request: Request) -> None:
+        if config.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not secrets.compare_digest(given.encode(), f"Bearer {config.api_key}".encode()):
+            raise ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)",
+                           type_="authentication_error", code="invalid_api_key")
+
+    protected = [Depends(require_key)]  # every route but /health
+
+    @app.exception_handler(404)
+    async def _not_found(request: Request, _: Exception) -> JSONResponse:
+        return JSONResponse(schemas.error_body(f"no route {request.method} {request.url.path}", code="not_found"),
+                            status_code=404)
+
+    @app.exception_handler(405)
+    async def _bad_method(request: Request, _: Exception) -> JSONResponse:
+        return JSONResponse(schemas.error_body(f"method {request.method} not allowed on {request.url.path}"),
+                            status_code=405)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if scheduler.fatal is not None:
+            return JSONResponse({"status": "error", "error": scheduler.fatal}, status_code=503)
+        return JSONResponse({"status": "ok", **scheduler.load()})
+
+    @app.get("/metrics", dependencies=protected)
+    async def metrics_endpoint() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models", dependencies=protected)
+    async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [
+            {"id": config.model_id, "object": "model", "created": schemas.now(), "owned_by": "pydflash2",
+             "meta": {"n_ctx": config.n_ctx, "n_slots": scheduler.engine.n_slots}}]})
+
+    @app.post("/v1/completions", dependencies=protected)
+    async def completions(request: Request) -> Response:
+        body = await _read_body(request, schemas.CompletionRequest, config.max_body_bytes)
+        _check_model(body.model, config)
+        if isinstance(body.prompt, str):
+            tokens = tokenizer.raw(body.prompt)
+        elif isinstance(body.prompt[0], str):
+            tokens = tokenizer.raw(body.prompt[0])  # type: ignore[arg-type]
+        else:
+            tokens = [int(t) for t in body.prompt]  # type: ignore[union-attr]
+            bad = [t for t in tokens if not 0 <= t < tokenizer.n_vocab]
+            if bad:
+                raise ApiError(400, f"prompt token ids outside the vocabulary (0..{tokenizer.n_vocab - 1}): {bad[:5]}",
+                               param="prompt")
+        req = _submit(scheduler, request, body, tokens, config, COMPLETION_DEFAULT_MAX_TOKENS)
+        rid = schemas.new_id("cmpl")
+        if body.stream:
+            return EventSourceResponse(_stream_completion(scheduler, req, rid, config.model_id))
+        done = await _wait(scheduler, request, req)
+        out = schemas.completion(rid, config.model_id, done.text, done.finish_reason,
+                                 schemas.usage(done.prompt_tokens, done.completion_tokens))
+        return JSONResponse(_with_token_ids(out, body, done))
+
+    @app.post("/v1/chat/completions", dependencies=protected)
+    async def chat_completions(request: Request) -> Response:
+        body = await _read_body(request, schemas.ChatCompletionRequest, config.max_body_bytes)
+        _check_model(body.model, config)
+        try:
+            tokens = tokenizer.chat([m.as_template_dict() for m in body.messages])
+        except Exception as e:  # the template rejected the conversation (e.g. roles out of order)
+            raise ApiError(400, f"chat template: {e}", param="messages") from None
+        req = _submit(scheduler, request, body, tokens, config, None)
+        rid = schemas.new_id("chatcmpl")
+        if body.stream:
+            return EventSourceResponse(_stream_chat(scheduler, req, rid, config.model_id))
+        done = await _wait(scheduler, request, req)
+        out = schemas.chat_completion(rid, config.model_id, done.text, done.finish_reason,
+                                      schemas.usage(done.prompt_tokens, done.completion_tokens))
+        return JSONResponse(_with_token_ids(out, body, done))
+
+    return app
+
+
+def _with_token_ids(out: dict[str, Any], body: schemas._Sampling, done: Finished) -> dict[str, Any]:
+    if body.return_token_ids:
+        out["choices"][0]["token_ids"] = done.tokens
+    return out
+
+
+async def _read_body(request: Request, model: type[Body], limit: int) -> Body:
+    ctype = request.headers.get("content-type", "")
+    if ctype.split(";")[0].strip().lower() != "application/json":
+        raise ApiError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"invalid JSON body: {e}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the JSON body must be an object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        param = ".".join(str(x) for x in first["loc"]) or None
+        msg = first["msg"]
+        if first["type"] == "missing":
+            msg = f"missing required field '{param}'"
+        raise ApiError(400, f"{param}: {msg}" if param and first["type"] != "missing" else msg, param=param) from None
+
+
+def _check_model(name: str | None, config: ServerConfig) -> None:
+    if name is None or name == config.model_id or name in config.model_aliases:
+        return
+    raise ApiError(404, f"model '{name}' does not exist; this server serves '{config.model_id}'", param="model",
+                   code="model_not_found")
+
+
+def _submit(scheduler: Scheduler, request: Request, body: schemas._Sampling, tokens: list[int], config: ServerConfig,
+            default_max_tokens: int | None) -> GenerationRequest:
+    n_ctx = config.n_ctx
+    if not tokens:
+        raise ApiError(400, "the prompt is empty", param="prompt")
+    if len(tokens) >= n_ctx:
+        raise ApiError(400, f"the prompt has {len(tokens)} tokens but the context holds {n_ctx} tokens per request "
+                            f"(at least 1 must be left to generate)", param="prompt", code="context_length_exceeded")
+    max_tokens = body.max_tokens if body.max_tokens is not None else (default_max_tokens or n_ctx - len(tokens))
+    if max_tokens > n_ctx:
+        raise ApiError(400, f"max_tokens ({max_tokens}) exceeds the context of {n_ctx} tokens per request",
+                       param="max_tokens")
+    seed = body.seed if body.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+    req = GenerationRequest(
+        prompt_tokens=tokens,
+        sampling=Sampling(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
+                          seed=seed % (1 << 64)),
+        max_tokens=max_tokens, stop=body.stop_list(), loop=asyncio.get_running_loop(),
+    )
+    try:
+        scheduler.submit(req)
+    except QueueFull:
+        raise ApiError(503, "server busy: every slot is taken and the queue is full; retry later",
+                       type_="server_busy", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    except RuntimeError as e:
+        raise ApiError(503, str(e), type_="server_error", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    return req
+
+
+async def _wait(scheduler: Scheduler, request: Request, req: GenerationRequest) -> Finished:
+    """Collects a request's events; a client that goes away cancels it."""
+    while True:
+        try:
+            event = await asyncio.wait_for(req.events.get(), timeout=DISCONNECT_POLL_S)
+        except TimeoutError:
+            if await request.is_disconnected():
+                scheduler.cancel(req)
+                raise ApiError(499, "client disconnected") from None
+            continue
+        if isinstance(event, Finished):
+            if event.finish_reason == "error":
+                raise ApiError(500, event.error or "generation failed", type_="server_error")
+            return event
+
+
+async def _events(scheduler: Scheduler, req: GenerationRequest) -> AsyncIterator[str | Finished]:
+    """A request's events; leaving early (client gone: sse-starlette cancels us) cancels it."""
+    finished = False
+    try:
+        while True:
+            event = await req.events.get()
+            yield event
+            if isinstance(event, Finished):
+                finished = True
+                return
+    finally:
+        if not finished:
+            scheduler.cancel(req)
+
+
+def _sse(obj: dict[str, Any]) -> dict[str, str]:
+    return {"data": json.dumps(obj, separators=(",", ":"))}
+
+
+async def _stream_completion(scheduler: Scheduler, req: GenerationRequest, rid: str,
+                             model: str) -> AsyncIterator[dict[str, str]]:
+    async for event in _events(scheduler, req):
+        if isinstance(event, Finished):
+            if event.finish_reason == "error":
+                yield _sse(schemas.error_body(event.error or "generation failed", "server_error"))
+            else:
+                use = schemas.usage(event.prompt_tokens, event.completion_tokens)
+                yield _sse(schemas.completion(rid, model, "", event.finish_reason, use, chunk=True))
+        else:
+            yield _sse(schemas.completion(rid, model, event, None, None, chunk=True))
+    yield {"data": "[DONE]"}
+
+
+async def _stream_chat(scheduler: Scheduler, req: GenerationRequest, rid: str,
+                       model: str) -> AsyncIterator[dict[str, str]]:
+    yield _sse(schemas.chat_chunk(rid, model, {"role": "assistant", "content": ""}, None))
+    async for event in _events(scheduler, req):
+        if isinstance(event, Finished):
+            if event.finish_reason == "error":
+                yield _sse(schemas.error_body(event.error or "generation failed", "server_error"))
+            else:
+                use = schemas.usage(event.prompt_tokens, event.completion_tokens)
+                yield _sse(schemas.chat_chunk(rid, model, {}, event.finish_reason, use))
+        else:
+            yield _sse(schemas.chat_chunk(rid, model, {"content": event}, None))
+    yield {"data": "[DONE]"}

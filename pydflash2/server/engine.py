@@ -1,0 +1,161 @@
+"""BatchEngine: Python binding of the native continuous-batching engine.
+
+    engine = BatchEngine("target.gguf", "drafter.gguf", n_slots=4, n_ctx=4096)
+    engine.start(0, tokens, temperature=0.0)
+    per_slot = engine.step()   # committed tokens per slot ([] none, None: context full)
+    engine.stop(0)
+
+The native engine owns one target context with n_slots sequences (one per
+slot) and verifies every busy slot's block in a single llama_decode. Each slot
+has its own drafter (its K/V cache holds that slot's context). The Llama object
+here only tokenizes and renders chat templates (its own context stays tiny).
+Not thread-safe: one thread (the scheduler) drives it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+from .. import _native, draft_costs
+from .._native import ffi, lib
+from ..drafter import Drafter
+from ..speculator import SELECTORS, GenerationError
+
+_TOKENIZER_CTX = 256  # the Llama's own context: unused for decoding
+
+
+def _check(rc: int, what: str) -> int:
+    if rc < 0:
+        raise GenerationError(_native.last_error() or f"{what} failed")
+    return rc
+
+
+class BatchEngine:
+    """n_slots concurrent requests over one target context.
+
+    n_ctx: context of EACH slot (the KV cache holds n_slots x n_ctx tokens).
+    draft: a dflash GGUF (one drafter instance per slot), or None for plain
+    decoding. n_max, selector, device: as for Speculator. flash_attn: None =
+    llama.cpp's choice."""
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str],
+        draft: str | os.PathLike[str] | None = None,
+        *,
+        n_slots: int = 1,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        n_max: int | str = "auto",
+        selector: str = "auto",
+        device: str | None = None,
+        flash_attn: bool | None = None,
+        verbose: bool = False,
+    ) -> None:
+        if selector not in SELECTORS:
+            raise ValueError(f"selector must be one of {sorted(SELECTORS)}, got {selector!r}")
+        if n_max != "auto" and (not isinstance(n_max, int) or n_max < 0):
+            raise ValueError(f"n_max must be 'auto' or an int >= 0, got {n_max!r}")
+        path = Path(model)
+        if not path.is_file():
+            raise FileNotFoundError(f"target model not found: {path}")
+        if draft is not None and not Path(draft).is_file():
+            raise FileNotFoundError(f"drafter not found: {draft}")
+        # threads as llama-cpp-python sets them: one-row decodes use n_threads, larger ones n_threads_batch
+        self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=_TOKENIZER_CTX, n_batch=64, n_threads=n_threads,
+                                   n_threads_batch=n_threads, verbose=verbose)
+        self.model_path = str(path)
+        self.n_slots = int(n_slots)
+        self.n_ctx = int(n_ctx)
+        self.n_max: int | str = n_max if draft is not None else 0
+        threads = int(self.llm.context_params.n_threads_batch)
+        self.drafters: list[Drafter] = []
+        if draft is not None and n_max != 0:
+            self.drafters = [
+                Drafter(draft, self.model_path, n_ctx=self.n_ctx, n_threads=threads, device=device)
+                for _ in range(self.n_slots)
+            ]
+        model_addr = ctypes.cast(self.llm._model.model, ctypes.c_void_p).value
+        handles = ffi.new("pdf2_drafter *[]", [d._h for d in self.drafters] or [ffi.NULL])
+        handle = lib.pdf2_batch_engine_new(
+            ffi.cast("void *", model_addr), self.n_slots, self.n_ctx, int(self.llm.context_params.n_threads), threads,
+            -1 if flash_attn is None else int(flash_attn), handles, len(self.drafters),
+            -1 if self.n_max == "auto" else int(self.n_max), SELECTORS[selector], 16,
+        )
+        if handle == ffi.NULL:
+            raise GenerationError(_native.last_error())
+        self._h = ffi.gc(handle, lib.pdf2_batch_engine_free)
+        self.max_draft = int(lib.pdf2_batch_engine_max_draft(self._h))
+        self._counts = np.zeros(self.n_slots, dtype=np.int32)
+        self._tokens = np.zeros(self.n_slots * (self.max_draft + 1), dtype=np.int32)
+        self.costs: dict[str, list[float]] | None = None
+        if self.n_max == "auto" and self.drafters and self.max_draft > 0:
+            assert draft is not None
+            key = draft_costs.cost_key(self.model_path, os.fspath(draft), self.drafters[0].device, threads,
+                                       self.max_draft)
+            self.costs = draft_costs.load_or_measure(key, self.max_draft, self._measure_costs)
+            self.set_costs(self.costs["verify_s"], self.costs["draft_s"])
+
+    def close(self) -> None:
+        if getattr(self, "_h", None) is not None:
+            ffi.release(self._h)
+            self._h = None
+        for d in self.drafters:
+            d.close()
+        self.drafters = []
+
+    # ------------------------------------------------------------ slots
+
+    def start(self, slot: int, tokens: Sequence[int], *, temperature: float = 0.0, top_k: int = 0,
+              top_p: float = 1.0, min_p: float = 0.0, seed: int = 0) -> None:
+        arr = np.ascontiguousarray(tokens, dtype=np.int32)
+        _check(lib.pdf2_batch_engine_start(self._h, int(slot), ffi.from_buffer("int32_t[]", arr), len(arr),
+                                           float(temperature), int(top_k), float(top_p), float(min_p), int(seed)),
+               "start")
+
+    def stop(self, slot: int) -> None:
+        _check(lib.pdf2_batch_engine_stop(self._h, int(slot)), "stop")
+
+    def step(self) -> list[list[int] | None]:
+        """One target decode for all busy slots: per slot the committed tokens
+        ([] = nothing this step, e.g. idle or mid-prefill; None = context full)."""
+        _check(lib.pdf2_batch_engine_step(self._h, ffi.from_buffer("int32_t[]", self._counts), len(self._counts),
+                                          ffi.from_buffer("int32_t[]", self._tokens), len(self._tokens)), "step")
+        width = self.max_draft + 1
+        out: list[list[int] | None] = []
+        for s, c in enumerate(self._counts.tolist()):
+            out.append(None if c < 0 else self._tokens[s * width: s * width + c].tolist())
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        return _native.take_json(lib.pdf2_batch_engine_stats_json(self._h), "stats")
+
+    # ------------------------------------------------------------ costs
+
+    def set_costs(self, verify_s: Sequence[float], draft_s: Sequence[float]) -> None:
+        v = np.ascontiguousarray(verify_s, dtype=np.float64)
+        d = np.ascontiguousarray(draft_s, dtype=np.float64)
+        _check(lib.pdf2_batch_engine_set_costs(self._h, ffi.from_buffer("double[]", v), len(v),
+                                               ffi.from_buffer("double[]", d), len(d)), "set_costs")
+
+    def _measure_costs(self, reps: int = 5) -> dict[str, list[float]]:
+        prompt = draft_costs.warmup_prompt(lambda b: self.llm.tokenize(b, add_bos=True, special=False), self.n_ctx,
+                                           self.max_draft)
+        self.start(0, prompt)
+        try:
+            while not self.step()[0]:
+                pass  # prefill slot 0
+            v = np.zeros(self.max_draft + 1, dtype=np.float64)
+            d = np.zeros(self.max_draft, dtype=np.float64)
+            _check(lib.pdf2_batch_engine_measure_costs(self._h, 0, reps, ffi.from_buffer("double[]", v), len(v),
+                                                       ffi.from_buffer("double[]", d), len(d)), "measure_costs")
+        finally:
+            self.stop(0)
+        return {"verify_s": v.tolist(), "draft_s": d.tolist()}

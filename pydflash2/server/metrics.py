@@ -1,0 +1,81 @@
+"""Prometheus metrics of the server, named as vLLM / llama-server name theirs
+(prefix `pydflash2:` instead of `vllm:`) so that existing dashboards work."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+PREFIX = "pydflash2:"
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+
+# engine stats counter -> metric attribute
+_ENGINE_COUNTERS = {
+    "n_drafts": "num_drafts",
+    "n_draft_tokens": "num_draft_tokens",
+    "n_accepted": "num_accepted_tokens",
+    "draft_s": "draft_seconds",
+    "decode_s": "verify_seconds",
+}
+
+
+class ServerMetrics:
+    """One registry per server. The scheduler thread calls the update methods;
+    render() serves GET /metrics."""
+
+    def __init__(self, n_slots: int, max_draft: int) -> None:
+        r = self.registry = CollectorRegistry()
+        p = PREFIX
+        self.num_drafts = Counter(p + "spec_decode_num_drafts", "Drafted blocks verified by the target", registry=r)
+        self.num_draft_tokens = Counter(p + "spec_decode_num_draft_tokens", "Drafted tokens verified", registry=r)
+        self.num_accepted_tokens = Counter(p + "spec_decode_num_accepted_tokens", "Drafted tokens accepted",
+                                           registry=r)
+        self.accepted_per_pos = Counter(p + "spec_decode_num_accepted_tokens_per_pos",
+                                        "Drafted tokens accepted, by position in the block (0 = first draft)",
+                                        ["position"], registry=r)
+        self.draft_seconds = Counter(p + "spec_decode_draft_seconds", "Seconds spent drafting", registry=r)
+        self.verify_seconds = Counter(p + "spec_decode_verify_seconds",
+                                      "Seconds spent in target decodes (verify rows and prompt chunks)", registry=r)
+        self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generation_tokens = Counter(p + "generation_tokens", "Tokens generated", registry=r)
+        self.requests = Counter(p + "requests", "Requests by final status "
+                                "(success, aborted = client gone, rejected = queue full, invalid = 4xx, error)",
+                                ["status"], registry=r)
+        self.request_success = Counter(p + "request_success", "Finished requests by finish reason",
+                                       ["finished_reason"], registry=r)
+        self.ttft = Histogram(p + "time_to_first_token_seconds", "Time from arrival to the first token",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram(p + "time_per_output_token_seconds", "Mean time per output token after the first",
+                              buckets=_TPOT_BUCKETS, registry=r)
+        self.e2e = Histogram(p + "e2e_request_latency_seconds", "Time from arrival to the last token",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.waiting = Gauge(p + "num_requests_waiting", "Requests queued for a slot (queue depth)", registry=r)
+        self.running = Gauge(p + "num_requests_running", "Busy slots", registry=r)
+        self.slots = Gauge(p + "num_slots", "Slots (--parallel)", registry=r)
+        self.slots.set(n_slots)
+        for pos in range(max_draft):
+            self.accepted_per_pos.labels(position=str(pos))  # export zeros: the dashboard sees every position
+        for status in ("success", "aborted", "rejected", "invalid", "error"):
+            self.requests.labels(status=status)
+        self._last: dict[str, Any] | None = None
+
+    def engine_stats(self, stats: dict[str, Any]) -> None:
+        """Moves the speculative counters by what the engine counted since the last call."""
+        last = self._last
+        self._last = stats
+        if last is None:
+            return
+        for key, attr in _ENGINE_COUNTERS.items():
+            delta = stats[key] - last[key]
+            if delta > 0:
+                getattr(self, attr).inc(delta)
+        for pos, (now, before) in enumerate(zip(stats["accepted_per_position"], last["accepted_per_position"],
+                                                strict=True)):
+            if now > before:
+                self.accepted_per_pos.labels(position=str(pos)).inc(now - before)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,89 @@
+"""Comparing speculative greedy output with plain llama-cpp-python greedy decoding.
+
+On a batch-invariant target (pydflash2.exactness) the two must be identical,
+token for token. Elsewhere verification's batched forward rounds differently
+from plain decoding's batch-1 forward, so the runs may part at a near-tie of
+plain decoding; this helper checks that they part nowhere else, and stops
+comparing at that position (the continuations differ legitimately after it).
+
+Delta, derived from measurement, not tuned until tests pass: what decides
+whether a batch flips plain decoding's choice is how much it changes plain
+decoding's top-2 gap (logit of its top token minus that of its runner-up). On
+the stock build (llama-cpp-python 0.3.36, llamafile sgemm), teacher-forced
+batch-8 decoding with K/V written by the batches against batch-1 decoding
+(benchmarks/batch_invariance.py --batch 8 --threads 1; batches of 2 gave the
+same max |logit difference|) changed that gap by at most:
+
+  SmolLM2-135M Q4_1:  0.511 over 256 positions (8 prompts x 32 tokens; max
+                      |logit difference| 1.64; flips seen at margins <= 0.107)
+  tiny fixture:       0.0112 over 2304 positions (24 prompts x 96 tokens; the
+                      hot-token target of test_speculator.py)
+
+A run may part from plain decoding only where plain's gap is below the change a
+batch can make; delta = that maximum x 2 (safety factor for positions, prompts
+and machines not measured).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import llama_cpp
+import numpy as np
+
+SAFETY = 2.0
+DELTA_SMOLLM2 = SAFETY * 0.511
+DELTA_TINY = SAFETY * 0.0112
+
+
+@dataclass
+class PlainRun:
+    tokens: list[int]
+    # plain decoding's top-1 minus top-2 logit where it chose each token (and,
+    # when it ended at EOS, one more: where it chose EOS)
+    margins: list[float]
+
+
+def plain_greedy(llm: llama_cpp.Llama, prompt: list[int], n: int) -> PlainRun:
+    """Plain batch-1 greedy decoding with llama-cpp-python alone (Llama.eval,
+    the loop Llama.generate runs), with the top-2 margin of every choice."""
+    llm.reset()
+    llm.eval(prompt)
+    tokens: list[int] = []
+    margins: list[float] = []
+    for _ in range(n):
+        # the last eval's logits row (Llama keeps llm.scores only with logits_all)
+        row = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        logits = np.ctypeslib.as_array(row, shape=(llm.n_vocab(),))
+        top2 = np.partition(logits, -2)[-2:]
+        tok = int(np.argmax(logits))
+        margins.append(float(top2[1] - top2[0]))
+        if llama_cpp.llama_vocab_is_eog(llama_cpp.llama_model_get_vocab(llm._model.model), tok):
+            break
+        tokens.append(tok)
+        if len(tokens) < n:
+            llm.eval([tok])
+    llm.reset()
+    return PlainRun(tokens, margins)
+
+
+def check_greedy(got: list[int], plain: PlainRun, *, exact: bool, delta: float = DELTA_TINY,
+                 what: object = "") -> bool:
+    """Asserts that `got` is plain decoding's output: identical when exact,
+    else identical up to a position where plain decoding's top-2 margin is
+    <= delta (DELTA_TINY or DELTA_SMOLLM2). Returns True when the runs parted
+    at a near-tie."""
+    ref = plain.tokens
+    if exact:
+        assert got == ref, (what, "exact output differs from plain decoding")
+        return False
+    n = min(len(got), len(ref))
+    first = next((i for i in range(n) if got[i] != ref[i]), n)
+    if first == len(got) == len(ref):
+        return False
+    # a different token, or one run ended (EOS) where the other went on
+    assert first < len(plain.margins), (what, "output longer than plain decoding's")
+    assert plain.margins[first] <= delta, (
+        what, f"left plain decoding at token {first} where its top-2 margin is {plain.margins[first]:.4g} "
+              f"> delta {delta:.4g}")
+    return True

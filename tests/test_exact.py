@@ -1,0 +1,184 @@
+"""Exact speculative decoding: bit-identical to plain decoding on a batch-invariant
+llama-cpp-python (CI's special tier builds one with GGML_LLAMAFILE=OFF), and a
+clear refusal, before anything is loaded, everywhere else."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import llama_cpp
+import pytest
+from conftest import require_build_feature
+from lossless import check_greedy, plain_greedy
+from pydflash2.convert.cli import main as convert_main
+
+from pydflash2 import Speculator, exactness, native_info, testing
+from pydflash2.exactness import INSTALL_COMMAND, ExactnessUnavailable
+from pydflash2.speculator import load_target
+
+INFO = native_info()
+INVARIANT = bool(INFO["batch_invariant"])
+
+HOT = tuple(testing.FIRST_MERGED_ID + i for i in range(6))
+PROMPTS = [
+    "Once upon a time", "The answer is", "def main():", "Hello", "A small drafter", "Water boils at",
+    "The capital of France", "It learned to guess", "quick brown", "Speculative decoding drafts",
+    "print('hello world')", "and when it guessed right", "The target model verifies", "everyone was happy",
+    "100 degrees", "lazy dog", "a block of tokens", "the longest correct prefix", "Paris", "42",
+]
+N_MAXES: list[int | str] = [1, 2, 3, 4, 5, 6, 7, "auto"]
+
+
+def test_native_info_reports_batch_invariance() -> None:
+    assert isinstance(INFO["batch_invariant"], bool)
+    assert isinstance(INFO["llamafile"], bool)
+    assert (INFO["batch_invariant_reason"] == "") == INFO["batch_invariant"]
+    if INFO["llamafile"]:
+        assert not INFO["batch_invariant"] and "llamafile" in INFO["batch_invariant_reason"]
+    # llama.cpp's own report of the CPU backend agrees on llamafile
+    assert ("LLAMAFILE = 1" in INFO["llama_system_info"]) == INFO["llamafile"]
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    exe = shutil.which("pydflash2")
+    cmd = [exe, *args] if exe else [sys.executable, "-m", "pydflash2", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_info_command_shows_the_build_kind(tmp_path) -> None:
+    r = _cli("info", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert ("batch-invariant: yes" if INVARIANT else "batch-invariant: no") in r.stdout
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("exact")
+    target = testing.make_target_gguf(d / "target.gguf", testing.TargetSpec(hot_tokens=HOT))
+    v2 = testing.make_drafter_checkpoint(d / "v2-hf", target, testing.DrafterSpec(version=2))
+    assert convert_main([str(v2), "--target", str(target), "-o", str(d / "v2-converted.gguf")]) == 0
+    return {"target": target, "random": testing.checkpoint_to_gguf(v2, target, d / "v2.gguf"),
+            "converted": d / "v2-converted.gguf"}
+
+
+# ---------------------------------------------------------------- stock builds
+
+
+def test_exact_is_refused_before_loading_on_a_non_invariant_build(tmp_path) -> None:
+    if INVARIANT:
+        pytest.skip("this build is batch-invariant: exact mode is available")
+    # not a GGUF at all: refusing before loading anything means it is never read
+    junk = tmp_path / "not-a-model.gguf"
+    junk.write_bytes(b"\0" * 64)
+    with pytest.raises(ExactnessUnavailable) as e:
+        Speculator(junk, junk, exact=True)
+    msg = str(e.value)
+    assert INSTALL_COMMAND in msg and INFO["batch_invariant_reason"] in msg
+    assert "--no-cache-dir --force-reinstall" in INSTALL_COMMAND
+
+
+def test_exact_flag_is_refused_by_the_cli_on_a_non_invariant_build(tmp_path, tiny) -> None:
+    if INVARIANT:
+        pytest.skip("this build is batch-invariant: exact mode is available")
+    r = _cli("generate", "hi", "--model", str(tiny["target"]), "--draft", str(tiny["random"]), "--exact",
+             cwd=tmp_path)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and INSTALL_COMMAND in r.stderr
+    r = _cli("bench", "--model", str(tiny["target"]), "--draft", str(tiny["random"]), "--exact",
+             "--out", str(tmp_path / "bench"), cwd=tmp_path)
+    assert r.returncode == 2 and INSTALL_COMMAND in r.stderr
+
+
+# ---------------------------------------------------------------- invariant builds
+
+
+def _require_invariant() -> None:
+    require_build_feature(INVARIANT, f"batch-invariant kernels ({INFO['batch_invariant_reason']})")
+
+
+@pytest.mark.parametrize("drafter", ["random", "converted"])
+def test_exact_equals_plain_decoding_on_the_tiny_target(tiny, drafter) -> None:
+    _require_invariant()
+    n_tokens = 96
+    llm, inv = load_target(tiny["target"], n_ctx=512, n_threads=1, exact=True)
+    assert inv.batch_invariant, inv.reason
+    plain = {p: plain_greedy(llm, llm.tokenize(p.encode(), add_bos=True, special=True), n_tokens) for p in PROMPTS}
+    equal = accepted = 0
+    for n_max in N_MAXES:
+        with Speculator(llm, tiny[drafter], n_max=n_max, exact=True) as spec:
+            for p in PROMPTS:
+                out = spec.generate(p, max_tokens=n_tokens, chat=False)
+                check_greedy(out.tokens, plain[p], exact=True, what=(drafter, n_max, p))
+                assert out.stats["exact"] is True
+                equal += 1
+                accepted += sum(out.stats["accepted_per_position"])
+    assert equal == len(PROMPTS) * len(N_MAXES)
+    assert accepted > 50  # verify batches committed drafts, so batched rows were compared too
+
+
+SMOL_PROMPTS = [
+    "Why is the sky blue?", "Write a haiku about autumn.", "What is 12 times 7?", "Name three primary colors.",
+    "Explain recursion to a child.",
+]
+
+
+def test_exact_equals_plain_decoding_on_smollm2(tmp_path) -> None:
+    _require_invariant()
+    try:
+        target = testing.default_target()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    draft = testing.make_random_drafter_for(target, tmp_path / "dflash2.gguf")
+    n_tokens = 64
+    llm, inv = load_target(target, n_ctx=1024, n_threads=1, exact=True)
+    assert inv.batch_invariant, inv.reason
+    with Speculator(llm, draft, n_max=0) as spec:  # chat-template tokens, as generate() makes them
+        prompts = {p: spec.tokenize_prompt(p) for p in SMOL_PROMPTS}
+    plain = {p: plain_greedy(llm, ids, n_tokens) for p, ids in prompts.items()}
+    for n_max in (1, 3, 7, "auto"):
+        with Speculator(llm, draft, n_max=n_max, exact=True) as spec:
+            for p in SMOL_PROMPTS:
+                out = spec.generate(p, max_tokens=n_tokens)
+                check_greedy(out.tokens, plain[p], exact=True, what=(n_max, p))
+
+
+def test_exact_cli_runs_on_an_invariant_build(tmp_path, tiny) -> None:
+    _require_invariant()
+    r = _cli("generate", "Once upon a time", "--model", str(tiny["target"]), "--draft", str(tiny["random"]),
+             "--exact", "--raw", "--n-max", "4", "--max-tokens", "32", "--n-ctx", "256", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["stats"]["exact"] is True
+    llm = llama_cpp.Llama(str(tiny["target"]), n_ctx=256, verbose=False)
+    ref = plain_greedy(llm, llm.tokenize(b"Once upon a time", add_bos=True, special=True), 32)
+    check_greedy(out["tokens"], ref, exact=True)
+
+
+def test_target_weights_report_repacking(tmp_path, tiny) -> None:
+    # llama.cpp's own quantizer; Q4_0 is repacked on AVX2 and ARM dot-product CPUs
+    import ctypes
+
+    q = tmp_path / "q4_0.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+    assert llama_cpp.llama_model_quantize(str(tiny["target"]).encode(), str(q).encode(), ctypes.byref(params)) == 0
+    w = exactness.target_weights(q)
+    assert w["types"].get("q4_0", 0) > 0
+    f32 = exactness.target_weights(tiny["target"])
+    assert f32["repacked"] == {}
+    if w["repacked"]:
+        # repacked weights switch to a gemm kernel from 4 batch rows: exact mode verifies at most 3
+        inv = exactness.target_invariance(q, flash_attn=False, n_ctx=512)
+        assert inv.max_batch == 3 or not INVARIANT
+        if INVARIANT:
+            llm, inv = load_target(q, n_ctx=256, n_threads=1, exact=True)
+            with Speculator(llm, tiny["random"], n_max=7, exact=True) as spec:
+                assert spec.max_draft == 2
+                out = spec.generate("Once upon a time", max_tokens=24, chat=False)
+                assert out.stats["exact"] is True
+            with Speculator(llm, tiny["random"], n_max=7) as spec:
+                assert spec.generate("Hello", max_tokens=4, chat=False).stats["exact"] is False

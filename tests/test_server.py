@@ -1,0 +1,370 @@
+"""The OpenAI-compatible server, as a real subprocess on 127.0.0.1 with the
+official `openai` client and raw HTTP: answers equal `pydflash2 generate`,
+concurrent answers equal sequential ones, streaming, disconnects, queue
+overflow, every bad-input case, and /metrics."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import llama_cpp
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from server_process import ServerProcess, check_same_greedy
+
+from pydflash2 import testing
+
+HOT = tuple(testing.FIRST_MERGED_ID + i for i in range(6))
+API_KEY = "sk-test-key"
+MODEL_ID = "target"
+N_CTX = 512
+N_MAX = 3
+PROMPTS = [
+    "Once upon a time", "The answer is", "def main():", "Hello", "A small drafter", "Water boils at",
+    "The capital of France", "It learned to guess",
+]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("server")
+
+
+@pytest.fixture(scope="module")
+def models(workdir: Path) -> dict[str, Path]:
+    # hot tokens make the random drafter right now and then, so acceptance counters move
+    target = testing.make_target_gguf(workdir / "target.gguf", testing.TargetSpec(hot_tokens=HOT))
+    ckpt = testing.make_drafter_checkpoint(workdir / "v2-hf", target, testing.DrafterSpec(version=2))
+    return {"target": target, "draft": testing.checkpoint_to_gguf(ckpt, target, workdir / "v2.gguf")}
+
+
+@pytest.fixture(scope="module")
+def server(models: dict[str, Path], workdir: Path):
+    s = ServerProcess(["--model", str(models["target"]), "--draft", str(models["draft"]), "--parallel", "4",
+                       "--n-ctx", str(N_CTX), "--n-max", str(N_MAX), "--api-key", API_KEY, "--max-queue", "32",
+                       "--max-body", "65536"], workdir)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def one_slot(models: dict[str, Path], workdir: Path):
+    """One slot, one waiting place: for queue overflow and disconnects."""
+    s = ServerProcess(["--model", str(models["target"]), "--draft", str(models["draft"]), "--parallel", "1",
+                       "--n-ctx", "2048", "--n-max", str(N_MAX), "--max-queue", "1"], workdir)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def llm(models: dict[str, Path]) -> llama_cpp.Llama:
+    return llama_cpp.Llama(str(models["target"]), n_ctx=N_CTX, n_batch=512, verbose=False)
+
+
+def raw_tokens(llm: llama_cpp.Llama, prompt: str) -> list[int]:
+    return llm.tokenize(prompt.encode(), add_bos=True, special=True)
+
+
+def generate_cli(models: dict[str, Path], workdir: Path, prompt: str, *extra: str) -> dict:
+    """`pydflash2 generate --json` with the server's drafter settings."""
+    out = subprocess.run(
+        [sys.executable, "-m", "pydflash2", "generate", prompt, "--json", "--model", str(models["target"]),
+         "--draft", str(models["draft"]), "--n-max", str(N_MAX), "--n-ctx", str(N_CTX), *extra],
+        cwd=workdir, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def metrics(url: str, headers: dict[str, str] | None = None) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics, parsed by prometheus_client: {(name, labels): value}."""
+    r = httpx.get(url + "/metrics", headers=headers or {})
+    assert r.status_code == 200
+    out = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+# ---------------------------------------------------------------- answers
+
+
+def test_models_and_health(server: ServerProcess, client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list().data] == [MODEL_ID]
+    h = httpx.get(server.url + "/health").json()  # no key needed
+    assert h["status"] == "ok" and h["slots"] == 4
+
+
+def test_completion_equals_generate(client: openai.OpenAI, models, workdir, llm) -> None:
+    prompt = "Once upon a time"
+    ref = generate_cli(models, workdir, prompt, "--raw", "--max-tokens", "16")
+    r = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=16, temperature=0,
+                                  extra_body={"return_token_ids": True})
+    got = r.choices[0].model_extra["token_ids"]
+    if not check_same_greedy(got, ref["tokens"], raw_tokens(llm, prompt), llm, prompt):
+        assert r.choices[0].text == ref["text"]
+    assert r.object == "text_completion"
+    assert r.usage.prompt_tokens == len(raw_tokens(llm, prompt))
+    assert r.usage.completion_tokens == len(got)
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r.choices[0].finish_reason == ("length" if len(got) == 16 else "stop")
+
+
+def test_chat_equals_generate(client: openai.OpenAI, models, workdir, llm) -> None:
+    prompt = "The capital of France"
+    ref = generate_cli(models, workdir, prompt, "--max-tokens", "12")
+    r = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": prompt}],
+                                       max_tokens=12, temperature=0, extra_body={"return_token_ids": True})
+    got = r.choices[0].model_extra["token_ids"]
+    chat_prompt = llm.tokenize(f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n".encode(),
+                               add_bos=True, special=True)
+    if not check_same_greedy(got, ref["tokens"], chat_prompt, llm, prompt):
+        assert r.choices[0].message.content == ref["text"]
+    assert r.choices[0].message.role == "assistant"
+    assert r.usage.prompt_tokens == len(chat_prompt)
+    assert r.usage.completion_tokens == len(got)
+
+
+def test_streaming_equals_non_streaming(client: openai.OpenAI, server: ServerProcess) -> None:
+    kw = dict(model=MODEL_ID, max_tokens=8, temperature=0)
+    whole = client.completions.create(prompt="Hello", **kw)
+    chunks = list(client.completions.create(prompt="Hello", stream=True, **kw))
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+    msgs = [{"role": "user", "content": "Hello"}]
+    whole = client.chat.completions.create(messages=msgs, **kw)
+    chunks = list(client.chat.completions.create(messages=msgs, stream=True, **kw))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    assert chunks[-1].usage.total_tokens == whole.usage.total_tokens
+
+    # on the wire: server-sent events ending with [DONE]
+    with httpx.stream("POST", server.url + "/v1/completions", headers=AUTH,
+                      json={"model": MODEL_ID, "prompt": "Hello", "max_tokens": 4, "stream": True}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        data = [line for line in r.iter_lines() if line.startswith("data:")]
+    assert data[-1] == "data: [DONE]"
+
+
+def test_concurrent_clients_equal_their_sequential_answers(client: openai.OpenAI, llm) -> None:
+    # different lengths: requests finish at different steps and the waiting ones join mid-batch
+    lengths = [3 + 2 * i for i in range(len(PROMPTS))]
+
+    def ask(i: int) -> list[int]:
+        r = client.completions.create(model=MODEL_ID, prompt=PROMPTS[i], max_tokens=lengths[i], temperature=0,
+                                      extra_body={"return_token_ids": True})
+        return r.choices[0].model_extra["token_ids"]
+
+    sequential = [ask(i) for i in range(len(PROMPTS))]
+    with ThreadPoolExecutor(8) as pool:
+        concurrent = list(pool.map(ask, range(len(PROMPTS))))
+    for i, prompt in enumerate(PROMPTS):
+        check_same_greedy(concurrent[i], sequential[i], raw_tokens(llm, prompt), llm, prompt)
+
+
+def test_sampling_fields(client: openai.OpenAI) -> None:
+    kw = dict(model=MODEL_ID, prompt="The answer is", max_tokens=8, temperature=0.8, top_p=0.9, seed=7,
+              extra_body={"top_k": 40, "min_p": 0.05})
+    a = client.completions.create(**kw)
+    b = client.completions.create(**kw)
+    assert a.choices[0].text == b.choices[0].text  # same seed, same answer
+    hot = dict(model=MODEL_ID, prompt="The answer is", max_tokens=8, temperature=3.0)
+    texts = {client.completions.create(**hot, seed=s).choices[0].text for s in range(4)}
+    assert len(texts) > 1  # the seed matters
+
+
+def test_stop_strings(client: openai.OpenAI) -> None:
+    kw = dict(model=MODEL_ID, prompt="Water boils at", max_tokens=16, temperature=0)
+    full = client.completions.create(**kw).choices[0].text
+    assert len(full) > 12
+    stop = full[6:9]
+    r = client.completions.create(stop=[stop], **kw)
+    assert r.choices[0].text == full[: full.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+
+
+# ---------------------------------------------------------------- load, disconnects
+
+
+def test_queue_overflow_gives_503_and_the_server_recovers(one_slot: ServerProcess) -> None:
+    body = {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}
+
+    def post(_: int) -> httpx.Response:
+        return httpx.post(one_slot.url + "/v1/completions", json=body, timeout=300)
+
+    with ThreadPoolExecutor(10) as pool:
+        answers = list(pool.map(post, range(10)))
+    codes = sorted(r.status_code for r in answers)
+    assert set(codes) == {200, 503}, codes
+    busy = [r for r in answers if r.status_code == 503]
+    assert all(r.headers["retry-after"].isdigit() and r.json()["error"]["code"] == "queue_full" for r in busy)
+    assert post(0).status_code == 200
+
+
+# The hot-token target practically never emits EOS (its embedding is shrunk), so
+# a long answer runs until max_tokens or until the client leaves.
+LONG = 1000
+
+
+def test_disconnect_mid_stream_frees_the_slot(one_slot: ServerProcess) -> None:
+    before = metrics(one_slot.url)
+    with httpx.stream("POST", one_slot.url + "/v1/completions", timeout=60,
+                      json={"prompt": "Once upon a time", "max_tokens": LONG, "temperature": 0, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                break  # first token arrived: hang up
+    # the slot is freed before the next step; the bound is loose only because a
+    # step can take seconds on a loaded CI machine (the token count below is the tight check)
+    t0 = time.monotonic()
+    while httpx.get(one_slot.url + "/health").json()["busy"] != 0:
+        assert time.monotonic() - t0 < 60, "the slot stayed busy after the client left"
+        time.sleep(0.02)
+    after = metrics(one_slot.url)
+    key = ("pydflash2:requests_total", (("status", "aborted"),))
+    assert after[key] == before[key] + 1
+    gen = ("pydflash2:generation_tokens_total", ())
+    assert after[gen] - before[gen] < LONG  # it was stopped, not run to the end
+    r = httpx.post(one_slot.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 4}, timeout=60)
+    assert r.status_code == 200
+
+
+def test_non_streaming_disconnect_frees_the_slot(one_slot: ServerProcess) -> None:
+    before = metrics(one_slot.url)
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(one_slot.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": LONG, "temperature": 0},
+                   timeout=0.5)
+    t0 = time.monotonic()
+    while metrics(one_slot.url)[("pydflash2:requests_total", (("status", "aborted"),))] != \
+            before[("pydflash2:requests_total", (("status", "aborted"),))] + 1:
+        assert time.monotonic() - t0 < 60, "a vanished non-streaming client kept its slot"
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------- bad input
+
+BAD = [
+    # (what, path, headers, body bytes or JSON object, status, text expected in the message)
+    ("invalid JSON", "/v1/completions", {}, b"{not json", 400, "invalid JSON"),
+    ("JSON not an object", "/v1/completions", {}, [1, 2], 400, "object"),
+    ("missing prompt", "/v1/completions", {}, {"model": MODEL_ID}, 400, "prompt"),
+    ("missing messages", "/v1/chat/completions", {}, {"model": MODEL_ID}, 400, "messages"),
+    ("empty messages", "/v1/chat/completions", {}, {"messages": []}, 400, "messages"),
+    ("bad role", "/v1/chat/completions", {}, {"messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
+    ("unknown model", "/v1/completions", {}, {"model": "gpt-9", "prompt": "x"}, 404, "gpt-9"),
+    ("negative max_tokens", "/v1/completions", {}, {"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
+    ("zero max_tokens", "/v1/completions", {}, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ("absurd max_tokens", "/v1/completions", {}, {"prompt": "x", "max_tokens": 10**12}, 400, "max_tokens"),
+    ("max_tokens not a number", "/v1/completions", {}, {"prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
+    ("negative temperature", "/v1/completions", {}, {"prompt": "x", "temperature": -0.5}, 400, "temperature"),
+    ("top_p zero", "/v1/completions", {}, {"prompt": "x", "top_p": 0}, 400, "top_p"),
+    ("top_p above one", "/v1/chat/completions", {}, {"messages": [{"role": "user", "content": "x"}], "top_p": 1.5},
+     400, "top_p"),
+    ("n > 1", "/v1/completions", {}, {"prompt": "x", "n": 2}, 400, "n"),
+    ("token id outside the vocabulary", "/v1/completions", {}, {"prompt": [1, 10**6]}, 400, "vocabulary"),
+    ("prompt longer than the context", "/v1/completions", {}, {"prompt": "Hello world " * 600}, 400, str(N_CTX)),
+    ("wrong content type", "/v1/completions", {"Content-Type": "text/plain"}, b'{"prompt": "x"}', 415,
+     "application/json"),
+    ("oversized body", "/v1/completions", {}, {"prompt": "x" * 70000}, 413, "limit"),
+    ("unknown route", "/v1/nothing", {}, {}, 404, "/v1/nothing"),
+]
+
+
+@pytest.mark.parametrize("what, path, headers, body, status, needle", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_gets_an_openai_error(server: ServerProcess, what, path, headers, body, status, needle) -> None:
+    h = {**AUTH, "Content-Type": "application/json", **headers}
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(server.url + path, content=content, headers=h, timeout=30)
+    assert r.status_code == status, (what, r.text)
+    err = r.json()["error"]
+    assert needle in err["message"] and err["type"], (what, err)
+
+
+def test_prompt_too_long_names_both_numbers(server: ServerProcess, llm) -> None:
+    prompt = "Hello world " * 600
+    r = httpx.post(server.url + "/v1/completions", headers=AUTH, json={"prompt": prompt}, timeout=30)
+    msg = r.json()["error"]["message"]
+    assert str(len(raw_tokens(llm, prompt))) in msg and str(N_CTX) in msg
+
+
+def test_api_key_is_required(server: ServerProcess) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "x"}, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_server_keeps_serving_after_bad_input(client: openai.OpenAI, server: ServerProcess) -> None:
+    for _ in range(3):
+        httpx.post(server.url + "/v1/completions", content=b"\xff\xfe garbage", headers=AUTH)
+    assert client.completions.create(model=MODEL_ID, prompt="Hello", max_tokens=4).choices[0].text is not None
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def test_metrics_parse_and_move(client: openai.OpenAI, server: ServerProcess, llm) -> None:
+    before = metrics(server.url, AUTH)
+    client.completions.create(model=MODEL_ID, prompt="quick brown fox", max_tokens=32, temperature=0)
+    httpx.post(server.url + "/v1/completions", headers=AUTH, json={"prompt": "x", "top_p": 7})
+    after = metrics(server.url, AUTH)
+
+    def moved(name: str, labels: tuple = ()) -> float:
+        return after[(name, labels)] - before.get((name, labels), 0.0)
+
+    p = "pydflash2:"
+    assert moved(p + "spec_decode_num_drafts_total") > 0
+    assert moved(p + "spec_decode_num_draft_tokens_total") >= moved(p + "spec_decode_num_drafts_total")
+    assert moved(p + "spec_decode_num_draft_tokens_total") >= moved(p + "spec_decode_num_accepted_tokens_total")
+    per_pos = [after[(p + "spec_decode_num_accepted_tokens_per_pos_total", (("position", str(i)),))]
+               for i in range(N_MAX)]
+    assert sum(per_pos) == after[(p + "spec_decode_num_accepted_tokens_total", ())]
+    assert per_pos == sorted(per_pos, reverse=True)  # position i+1 is accepted only after position i
+    assert moved(p + "prompt_tokens_total") == len(raw_tokens(llm, "quick brown fox"))
+    assert moved(p + "generation_tokens_total") > 0
+    assert moved(p + "requests_total", (("status", "success"),)) == 1
+    assert moved(p + "requests_total", (("status", "invalid"),)) == 1
+    assert moved(p + "time_to_first_token_seconds_count") == 1
+    assert moved(p + "time_per_output_token_seconds_count") == 1
+    assert moved(p + "spec_decode_draft_seconds_total") > 0
+    assert moved(p + "spec_decode_verify_seconds_total") > 0
+    assert after[(p + "num_requests_running", ())] == 0
+    assert after[(p + "num_requests_waiting", ())] == 0
+    assert after[(p + "num_slots", ())] == 4
+
+
+def test_busy_slots_gauge_during_load(client: openai.OpenAI, server: ServerProcess) -> None:
+    seen: list[float] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.append(metrics(server.url, AUTH)[("pydflash2:num_requests_running", ())])
+            time.sleep(0.05)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda p: client.completions.create(model=MODEL_ID, prompt=p, max_tokens=16, temperature=0),
+                      PROMPTS[:4]))
+    stop.set()
+    t.join()
+    assert max(seen) >= 2
