@@ -147,15 +147,29 @@ def _plot(results: list[dict[str, Any]], out_dir: Path) -> None:
     fig.savefig(out_dir / "throughput.png", dpi=100)
     plt.close(fig)
 
+    # acceptance per block position: one curve per configuration that drafted, integer
+    # positions, and the number of drafted tokens behind each point (suffix decay at a glance)
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    max_pos = 0
     for r, label in zip(results, labels, strict=True):
-        acc = r["acceptance_per_position"]
-        if acc and any(a is not None for a in acc):
-            xs = [i + 1 for i, a in enumerate(acc) if a is not None]
-            ax.plot(xs, [a for a in acc if a is not None], marker="o", label=label)
-    ax.set_xlabel("block position")
+        acc, drafted = r["acceptance_per_position"], r["drafted_per_position"]
+        points = [(i + 1, a, d) for i, (a, d) in enumerate(zip(acc, drafted, strict=True)) if a is not None and d]
+        if not points:
+            continue
+        xs, ys, _ = zip(*points, strict=True)
+        max_pos = max(max_pos, xs[-1])
+        (line,) = ax.plot(xs, ys, marker="o", label=f"{label} (tau {r['tau']:.2f})")
+        for x, y, d in points:
+            ax.annotate(str(d), (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7,
+                        color=line.get_color())
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(0.5, max(max_pos, 1) + 0.5)
+    ax.set_xlabel("block position (drafted token number)")
     ax.set_ylabel("acceptance (given the positions before it were accepted)")
-    ax.set_ylim(0, 1.05)
+    ax.set_title("numbers: drafted tokens behind each point", fontsize=9)
+    ax.set_ylim(0, 1.08)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     fig.tight_layout()

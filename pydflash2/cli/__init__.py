@@ -6,10 +6,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from . import bench, convert, generate, info, modelfile, random_drafter, serve
+from . import bench, convert, generate, info, modelfile, random_drafter, serve, train
 from .common import CliError, Parser
 
-SUBCOMMANDS = (info, convert, generate, bench, random_drafter, modelfile, serve)
+SUBCOMMANDS = (info, convert, generate, bench, random_drafter, modelfile, serve, train)
 
 
 def build_parser() -> Parser:

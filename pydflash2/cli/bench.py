@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import CliError, add_exact_arg, add_model_args, parse_list, parse_n_max, setup_devices
+from .common import CliError, add_exact_arg, add_model_args, parse_list, parse_n_max, resolve_draft, setup_devices
 
 NAME = "bench"
 
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if not target.is_file():
         raise CliError(f"target model not found: {target}")
     config = BenchConfig(
-        model=str(target), draft=args.draft, prompts=prompts, n_maxes=n_maxes, temperatures=temperatures,
+        model=str(target), draft=resolve_draft(args), prompts=prompts, n_maxes=n_maxes, temperatures=temperatures,
         selectors=selectors, max_tokens=args.max_tokens, repeats=args.repeats, chat=not args.raw,
         n_ctx=args.n_ctx, n_threads=args.threads, device=args.device, n_gpu_layers=args.n_gpu_layers,
         out_dir=Path(args.out), exact=args.exact,

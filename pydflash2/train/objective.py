@@ -1,0 +1,137 @@
+"""The training objective: random anchors, position-decayed cross-entropy on the
+target's own tokens, and the selector's loss over its k candidates.
+
+For an anchor at position p the block is [t_p, MASK...] at p..p+n-1; it sees
+the features of positions < p (what the runtime has injected when it drafts
+from p) and block position k predicts t_{p+k}, with weight exp(-(k-1)/gamma).
+Anchors are drawn from the continuation only, so every label is a token the
+target itself chose greedily.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .dataset import Dataset
+from .model import DFlash2Drafter
+
+
+@dataclass
+class Batch:
+    feats: torch.Tensor  # [B, Lc, width] float32
+    ctx_valid: torch.Tensor  # [B, Lc] bool
+    anchor_pos: torch.Tensor  # [B, A] long
+    anchor_tok: torch.Tensor  # [B, A] long
+    labels: torch.Tensor  # [B, A, n] target ids of t_{p+k} (k = 0 unused), -100 past the end
+    anchor_valid: torch.Tensor  # [B, A] bool
+
+
+def sample_batch(data: Dataset, rng: np.random.Generator, n_seqs: int, n_anchors: int, block: int,
+                 seq_ids: np.ndarray | None = None) -> Batch:
+    """n_seqs random sequences (or seq_ids), up to n_anchors random anchors each."""
+    ids = seq_ids if seq_ids is not None else rng.choice(len(data), size=min(n_seqs, len(data)), replace=False)
+    picked = []
+    for i in ids:
+        tokens, feats, plen = data.sequence(int(i))
+        lo, hi = max(plen - 1, 0), len(tokens) - 2  # anchor p in [lo, hi]: label p+1 exists
+        if hi < lo:
+            continue
+        cands = np.arange(lo, hi + 1)
+        anchors = np.sort(rng.choice(cands, size=min(n_anchors, len(cands)), replace=False))
+        picked.append((np.asarray(tokens, dtype=np.int64), feats, anchors))
+    if not picked:
+        raise ValueError("no sequence has a continuation of 2 tokens or more")
+    B = len(picked)
+    Lc = max(int(a[-1]) for _, _, a in picked)  # context rows needed: positions < max anchor
+    Lc = max(Lc, 1)
+    A = max(len(a) for _, _, a in picked)
+    feats = np.zeros((B, Lc, data.width), dtype=np.float32)
+    valid = np.zeros((B, Lc), dtype=bool)
+    apos = np.zeros((B, A), dtype=np.int64)
+    atok = np.zeros((B, A), dtype=np.int64)
+    aval = np.zeros((B, A), dtype=bool)
+    labels = np.full((B, A, block), -100, dtype=np.int64)
+    for b, (tokens, f, anchors) in enumerate(picked):
+        m = min(Lc, int(anchors[-1]))
+        feats[b, :m] = f[:m]
+        valid[b, :m] = True
+        L = len(tokens)
+        for a, p in enumerate(anchors):
+            apos[b, a], atok[b, a], aval[b, a] = p, tokens[p], True
+            end = min(L, p + block)
+            labels[b, a, 1 : end - p] = tokens[p + 1 : end]
+    t = torch.from_numpy
+    return Batch(t(feats), t(valid), t(apos), t(atok), t(labels), t(aval))
+
+
+@dataclass
+class Losses:
+    total: torch.Tensor
+    ce: float
+    selector: float
+    acc: list[float]  # top-1 accuracy of the unary logits per block position 1..n-1
+    sel_acc: float  # selector picks the true token given the true predecessor (when among candidates)
+
+
+def compute_losses(model: DFlash2Drafter, batch: Batch, *, gamma: float = 4.0, selector_weight: float = 1.0,
+                   forward: torch.nn.Module | None = None) -> Losses:
+    """forward: what runs the model (a DistributedDataParallel wrapper under torchrun)."""
+    c = model.config
+    n = batch.labels.shape[-1]
+    hidden, logits = (forward or model)(batch.feats, batch.ctx_valid, batch.anchor_pos, batch.anchor_tok, n)
+    lab = batch.labels[..., 1:]  # [B, A, n-1] target ids
+    lab_d = torch.where(lab >= 0, model.t2d[lab.clamp(min=0)], torch.full_like(lab, -100))
+    lg = logits[..., 1:, :]
+    k = torch.arange(1, n, dtype=torch.float32)
+    w = torch.exp(-(k - 1) / gamma) if gamma > 0 else torch.ones_like(k)
+    ce = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), lab_d.reshape(-1), reduction="none").view(lab.shape)
+    has = (lab >= 0).float()  # tokens outside the draft vocabulary count as misses, not as loss
+    in_vocab = (lab_d >= 0).float()
+    wsum = (w * has).sum().clamp(min=1.0)
+    ce_loss = (ce * in_vocab * w).sum() / wsum
+    with torch.no_grad():
+        pred = lg.argmax(-1)
+        hit = ((pred == lab_d) & (lab_d >= 0)).float()
+        acc = [(hit[..., i] * has[..., i]).sum().item() / max(1.0, has[..., i].sum().item()) for i in range(n - 1)]
+    total = ce_loss
+    sel_loss_v, sel_acc = 0.0, 0.0
+    if c.version == 2:
+        kk = min(c.selector_top_k, lg.shape[-1])
+        with torch.no_grad():
+            unary, cidx = lg.detach().topk(kk, dim=-1)  # draft-vocab indices
+            cand = model.draft_ids[cidx]  # target ids [B, A, n-1, k]
+            prev = torch.cat([batch.anchor_tok[..., None], batch.labels[..., 1:-1]], dim=-1).clamp(min=0)
+            target = (cand == lab[..., None]).float()
+            present = (target.sum(-1) > 0) & (lab >= 0)
+        scores = model.candidate_selector.scores(unary, cand, hidden[..., 1:, :].detach(), prev)
+        if present.any():
+            s = scores[present]
+            tgt = target[present].argmax(-1)
+            wp = w.expand_as(lab)[present]
+            sel_loss = (F.cross_entropy(s, tgt, reduction="none") * wp).sum() / wp.sum()
+            total = total + selector_weight * sel_loss
+            sel_loss_v = float(sel_loss.item())
+            sel_acc = float((s.argmax(-1) == tgt).float().mean().item())
+    return Losses(total, float(ce_loss.item()), sel_loss_v, acc, sel_acc)
+
+
+def expected_tau(acc: list[float]) -> float:
+    """1 + sum_k prod_{j<=k} acc_j: committed tokens per step if position accuracies were independent."""
+    tau, run = 1.0, 1.0
+    for a in acc:
+        run *= a
+        tau += run
+    return tau
+
+
+def lr_at(frac: float, warmup: float = 0.03, floor: float = 0.1) -> float:
+    """Learning-rate factor at a fraction of the (time) budget: warmup, then cosine to `floor`."""
+    if frac < warmup:
+        return max(frac / warmup, 0.01)
+    t = min(1.0, (frac - warmup) / max(1e-9, 1 - warmup))
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t))

@@ -1,0 +1,256 @@
+"""The prompt sets that drive self-distillation, built offline from templates.
+
+`python -m pydflash2.train.prompts` rewrites pydflash2/data/prompts_train.txt
+(>= 2,000 prompts) and prompts_dev.txt (held out: no prompt in common). Both are
+one prompt per line, the format `pydflash2 bench --prompts` and `pydflash2
+train --prompts` read. The sets are deterministic (fixed seed), so the files in
+the repository are exactly what this script writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+TRAIN_FILE = DATA_DIR / "prompts_train.txt"
+DEV_FILE = DATA_DIR / "prompts_dev.txt"
+
+TOPICS = [
+    "photosynthesis", "black holes", "the water cycle", "plate tectonics", "vaccines", "the immune system",
+    "climate change", "renewable energy", "nuclear fission", "the French Revolution", "the Roman Empire",
+    "the printing press", "the industrial revolution", "democracy", "inflation", "supply and demand",
+    "compound interest", "machine learning", "neural networks", "the internet", "encryption", "blockchain",
+    "quantum computing", "DNA", "evolution by natural selection", "gravity", "electricity", "magnetism",
+    "the speed of light", "rainbows", "volcanoes", "earthquakes", "hurricanes", "the moon's phases",
+    "the seasons", "sleep", "meditation", "nutrition", "exercise", "the human heart", "the brain",
+    "bees and pollination", "coral reefs", "rainforests", "deserts", "recycling", "composting",
+    "the stock market", "taxes", "budgeting", "public speaking", "time management", "learning a language",
+    "chess", "football", "the Olympic Games", "jazz music", "classical music", "impressionist painting",
+    "photography", "coffee", "bread baking", "fermentation", "the history of tea", "electric cars",
+    "airplanes", "rockets", "the solar system", "Mars exploration", "satellites", "GPS", "smartphones",
+    "social media", "video games", "open source software", "operating systems", "databases",
+    "cloud computing", "cybersecurity", "password safety", "antibiotics", "the placebo effect",
+    "probability", "prime numbers", "the Pythagorean theorem", "calculus", "statistics", "fractions",
+    "the metric system", "maps and navigation", "languages of the world", "writing systems",
+    "ancient Egypt", "the Silk Road", "the Renaissance", "the Cold War", "the moon landing",
+    "volunteering", "gardening", "dogs as pets", "cats as pets", "bird migration", "whales", "octopuses",
+]
+
+AUDIENCES = ["a five-year-old", "a high school student", "a busy executive", "a beginner", "an expert",
+             "my grandmother", "a curious teenager", "a new employee"]
+
+EXPLAIN = [
+    "Explain {t} to {a}.",
+    "What is {t}? Answer in a few sentences.",
+    "Give a short overview of {t}.",
+    "Why is {t} important? Explain briefly.",
+    "Describe {t} in simple terms for {a}.",
+    "What are three interesting facts about {t}?",
+    "What are the most common misconceptions about {t}?",
+    "Summarize the key ideas of {t} in a short paragraph.",
+    "How would you teach {t} to {a}?",
+    "Write a quiz question about {t} and give the answer.",
+]
+
+FORMS = ["short story", "poem", "haiku", "limerick", "blog post introduction", "product description",
+         "motivational speech", "news headline and first paragraph", "diary entry", "short dialogue"]
+SUBJECTS = [
+    "a robot learning to paint", "a cat who becomes mayor", "the first day of spring", "a lost key",
+    "a lighthouse keeper", "a journey to the moon", "an old bookshop", "a rainy afternoon",
+    "a dragon who is afraid of fire", "a time traveler at a train station", "friendship", "the ocean",
+    "a city at night", "a small village bakery", "a forgotten letter", "winning a chess match",
+    "a talking tree", "learning to ride a bike", "the last day of summer", "a mysterious map",
+    "a detective who loves tea", "a garden on a spaceship", "a musician without an instrument",
+    "an unexpected snowstorm", "two rival chefs", "a robot and a child", "a mountain climb",
+]
+WRITE = [
+    "Write a {f} about {s}.",
+    "Write a {f} about {s}. Keep it under 100 words.",
+    "Can you write a {f} about {s}?",
+    "Please write a funny {f} about {s}.",
+]
+
+ACTIVITIES = [
+    "staying focused while studying", "a job interview", "saving money", "sleeping better", "cooking rice",
+    "running a first marathon", "learning to code", "writing a resume", "keeping houseplants alive",
+    "traveling on a budget", "making new friends in a new city", "reducing stress", "giving feedback",
+    "starting a small business", "writing clean code", "taking better photos", "organizing a desk",
+    "learning to play guitar", "preparing for an exam", "eating healthier", "staying hydrated",
+    "working from home", "planning a birthday party", "reading more books", "public speaking",
+]
+LISTS = [
+    "Give me {n} tips for {x}.",
+    "List {n} mistakes people make when {x2}.",
+    "What are {n} good habits for {x}?",
+    "Make a checklist for {x}.",
+]
+
+CODE_TASKS = [
+    "reverses a string", "checks whether a number is prime", "returns the n-th Fibonacci number",
+    "sorts a list of numbers with bubble sort", "counts the vowels in a string",
+    "finds the largest element of a list", "removes duplicates from a list", "checks whether a word is a palindrome",
+    "computes the factorial of n", "converts Celsius to Fahrenheit", "merges two sorted lists",
+    "computes the greatest common divisor of two numbers", "reads a text file and counts its lines",
+    "flattens a nested list", "returns the sum of the digits of a number", "capitalizes every word in a sentence",
+    "implements binary search", "checks whether two strings are anagrams", "computes the average of a list",
+    "finds the second largest number in a list", "converts a decimal number to binary",
+    "counts word frequencies in a text", "validates an email address with a simple rule",
+    "transposes a matrix", "generates all permutations of a string", "rotates a list by k positions",
+    "checks whether parentheses in a string are balanced", "returns the intersection of two lists",
+    "computes the power set of a set", "implements a stack with push and pop",
+]
+LANGUAGES = ["Python", "JavaScript", "C", "Rust", "Go", "Java", "TypeScript", "C++"]
+CODE = [
+    "Write a {l} function that {c}.",
+    "How do I write a function in {l} that {c}? Show the code.",
+    "Write a {l} function that {c}, with a short explanation.",
+    "Write a {l} function that {c} and a test for it.",
+]
+CODE_EXTRA = [
+    "Explain what a {w} is in programming, with an example in {l}.",
+    "What is the difference between a list and a tuple in Python?",
+    "Write a SQL query that selects the ten most recent orders from a table called orders.",
+    "Write a bash command that counts the files in a directory.",
+    "How do I read a JSON file in {l}?",
+    "Explain recursion with a simple {l} example.",
+    "What does the {w} keyword do in {l}?",
+]
+CODE_WORDS = ["class", "closure", "pointer", "iterator", "generator", "interface", "hash map", "linked list",
+              "lambda", "exception", "thread", "module"]
+
+COMPARE_PAIRS = [
+    ("a virus", "a bacterium"), ("weather", "climate"), ("a lake", "a pond"), ("RAM", "storage"),
+    ("a crocodile", "an alligator"), ("speed", "velocity"), ("mass", "weight"), ("a comet", "an asteroid"),
+    ("Python", "JavaScript"), ("stocks", "bonds"), ("a simile", "a metaphor"), ("baking soda", "baking powder"),
+    ("a tornado", "a hurricane"), ("HTTP", "HTTPS"), ("a democracy", "a republic"), ("tea", "coffee"),
+    ("a frog", "a toad"), ("AC", "DC current"), ("an atom", "a molecule"), ("a CPU", "a GPU"),
+]
+COMPARE = ["What is the difference between {x} and {y}?", "Compare {x} and {y} in a short table.",
+           "Is {x} the same as {y}? Explain."]
+
+SENTENCES = [
+    "the meeting was moved to next tuesday because the manager is sick",
+    "I can't come to the party tonight, sorry",
+    "The weather is nice today, so we are going to the park.",
+    "Our new product helps people save time every day.",
+    "Please send me the report before Friday.",
+    "The cat sat on the warm windowsill and watched the birds.",
+    "We have received your order and will ship it soon.",
+    "Learning a new language takes patience and practice.",
+    "The train was late again this morning.",
+    "Thank you for your help with the project.",
+]
+REWRITE = [
+    "Rewrite this sentence more formally: \"{s}\"",
+    "Translate into French: \"{s}\"",
+    "Translate into Spanish: \"{s}\"",
+    "Fix the grammar and punctuation: \"{s}\"",
+    "Make this sentence sound more friendly: \"{s}\"",
+    "Summarize in five words: \"{s}\"",
+]
+
+CHAT = [
+    "Hi! How are you today?", "Can you tell me a joke?", "What should I cook for dinner tonight?",
+    "I feel a bit tired today. Any advice?", "What is your favorite book and why?",
+    "Can you recommend a good movie for a rainy day?", "Tell me something interesting.",
+    "I'm bored. What can I do?", "Good morning! What's a good way to start the day?",
+    "Can you help me plan a weekend trip?", "What is the meaning of life?",
+    "Do you think robots will replace teachers?", "How do I stay motivated?",
+    "What's a fun fact about space?", "Help me name my new puppy.",
+    "What are some good questions to ask on a first date?", "Can you suggest a hobby for me?",
+    "I have an exam tomorrow and I'm nervous.", "What is a good gift for my dad?",
+    "How can I be more productive in the morning?",
+]
+CHAT_T = ["Can you recommend a book about {t}?", "I want to learn about {t}. Where should I start?",
+          "Tell me a fun fact about {t}.", "What is a good question to ask an expert on {t}?"]
+INGREDIENTS = ["eggs", "rice", "tomatoes", "chicken", "potatoes", "spinach", "cheese", "beans", "pasta",
+               "mushrooms", "onions", "carrots", "tofu", "lemons"]
+
+
+def _maths(rng: random.Random) -> str:
+    a, b, c = rng.randint(2, 99), rng.randint(2, 99), rng.randint(2, 20)
+    kind = rng.randrange(10)
+    if kind == 0:
+        return f"What is {a} + {b}?"
+    if kind == 1:
+        return f"What is {a} times {c}? Show your work."
+    if kind == 2:
+        return f"Solve for x: {c}x + {a} = {a + c * b}."
+    if kind == 3:
+        return f"A train travels {a * c} km in {c} hours. What is its average speed?"
+    if kind == 4:
+        return f"If I have {a} apples and give away {min(a, b)}, how many are left?"
+    if kind == 5:
+        return f"What is {c}% of {a * 10}?"
+    if kind == 6:
+        return f"A rectangle is {a} cm long and {c} cm wide. What are its area and perimeter?"
+    if kind == 7:
+        return f"Is {a * 2 + 1} a prime number? Explain."
+    if kind == 8:
+        return f"Convert {a} kilometers to miles."
+    return f"A shirt costs ${a} and is {c * 5 % 60 + 10}% off. What is the sale price?"
+
+
+def build_pool(seed: int = 0) -> list[str]:
+    """Every distinct prompt the templates make, in a fixed shuffled order."""
+    rng = random.Random(seed)
+    pool: list[str] = []
+    for t in TOPICS:
+        for tpl in rng.sample(EXPLAIN, 8):
+            pool.append(tpl.format(t=t, a=rng.choice(AUDIENCES)))
+        pool.append(rng.choice(CHAT_T).format(t=t))
+    for s in SUBJECTS:
+        for f in rng.sample(FORMS, 8):
+            pool.append(rng.choice(WRITE).format(f=f, s=s))
+    for x in ACTIVITIES:
+        for tpl in LISTS:
+            x2 = x if tpl != LISTS[1] else x.replace("a ", "", 1)
+            pool.append(tpl.format(n=rng.choice([3, 4, 5, 7, 10]), x=x, x2=x2))
+    for c in CODE_TASKS:
+        for lang in rng.sample(LANGUAGES, 6):
+            pool.append(rng.choice(CODE).format(l=lang, c=c))
+    for w in CODE_WORDS:
+        for lang in rng.sample(LANGUAGES, 2):
+            pool.append(rng.choice(CODE_EXTRA).format(w=w, l=lang))
+    for x, y in COMPARE_PAIRS:
+        for tpl in COMPARE:
+            pool.append(tpl.format(x=x, y=y))
+    for s in SENTENCES:
+        for tpl in REWRITE:
+            pool.append(tpl.format(s=s))
+    pool += CHAT
+    for _ in range(60):
+        a, b = rng.sample(INGREDIENTS, 2)
+        pool.append(f"What can I cook with {a} and {b}?")
+    pool += [_maths(rng) for _ in range(600)]
+    pool = list(dict.fromkeys(pool))  # distinct, first occurrence kept
+    rng.shuffle(pool)
+    return pool
+
+
+def split(pool: list[str], n_dev: int) -> tuple[list[str], list[str]]:
+    """(train, dev): the first n_dev prompts are held out."""
+    return pool[n_dev:], pool[:n_dev]
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """One prompt per non-empty line."""
+    return [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pydflash2.train.prompts", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dev", type=int, default=64, help="held-out dev prompts (default 64)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    train, dev = split(build_pool(args.seed), args.dev)
+    TRAIN_FILE.write_text("\n".join(train) + "\n", encoding="utf-8")
+    DEV_FILE.write_text("\n".join(dev) + "\n", encoding="utf-8")
+    print(f"wrote {len(train)} prompts to {TRAIN_FILE} and {len(dev)} to {DEV_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

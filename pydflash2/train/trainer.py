@@ -1,0 +1,161 @@
+"""The training loop: time-budgeted, checkpointed, resumable, with a tqdm bar.
+
+Single process on the CPU by default. Under `torchrun` (WORLD_SIZE > 1) the same
+loop wraps the model in DistributedDataParallel; each rank samples its own
+batches and rank 0 alone writes checkpoints and exports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .dataset import Dataset
+from .model import DFlash2Drafter, DrafterConfig
+from .objective import compute_losses, expected_tau, lr_at, sample_batch
+from .target import frozen_tables, output_norm
+
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass
+class TrainSettings:
+    max_minutes: float = 60.0
+    max_steps: int = 0  # 0: no step limit (the time budget decides)
+    batch_seqs: int = 8
+    anchors: int = 24
+    lr: float = 1.5e-3
+    weight_decay: float = 0.01
+    gamma: float = 4.0
+    selector_weight: float = 1.0
+    checkpoint_minutes: float = 5.0
+    seed: int = 0
+    threads: int = 0  # 0: torch's default
+    val_seqs: int = 24
+    log: list[dict] = field(default_factory=list)
+
+
+def build_model(cfg: DrafterConfig, target: str | Path) -> DFlash2Drafter:
+    emb, head = frozen_tables(target)
+    model = DFlash2Drafter(cfg, emb, head)
+    norm = output_norm(target)
+    if norm is not None and norm.shape == (cfg.n_embd,):
+        with torch.no_grad():
+            model.norm.weight.copy_(torch.from_numpy(norm))
+    model._full_head = head  # rows for exports with another draft vocabulary
+    return model
+
+
+def _split(data: Dataset, n_val: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.random.default_rng(seed + 12345).permutation(len(data))
+    n_val = min(n_val, len(data) // 10)
+    return ids[n_val:], ids[:n_val]
+
+
+@torch.no_grad()
+def evaluate(model: DFlash2Drafter, data: Dataset, val_ids: np.ndarray, s: TrainSettings) -> dict:
+    """Loss and per-position accuracy on the held-out sequences (fixed anchors)."""
+    if len(val_ids) == 0:
+        return {}
+    model.eval()
+    rng = np.random.default_rng(7)
+    ces, sels, accs = [], [], []
+    for i in range(0, len(val_ids), s.batch_seqs):
+        b = sample_batch(data, rng, s.batch_seqs, s.anchors, model.config.block_size,
+                         seq_ids=val_ids[i : i + s.batch_seqs])
+        loss = compute_losses(model, b, gamma=s.gamma, selector_weight=s.selector_weight)
+        ces.append(loss.ce)
+        sels.append(loss.selector)
+        accs.append(loss.acc)
+    model.train()
+    acc = np.mean(np.asarray(accs), axis=0).tolist()
+    return {"val_ce": float(np.mean(ces)), "val_selector": float(np.mean(sels)), "val_acc": acc,
+            "val_tau_est": expected_tau(acc)}
+
+
+def train(model: DFlash2Drafter, data: Dataset, out: Path, s: TrainSettings, *, resume: bool = False,
+          progress: bool | None = None) -> dict:
+    """Trains until the time budget (or max_steps) is spent; returns the summary."""
+    if s.threads:
+        torch.set_num_threads(s.threads)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    ddp_model: torch.nn.Module = model
+    if world > 1:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
+        ddp_model = torch.nn.parallel.DistributedDataParallel(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.98))
+    train_ids, val_ids = _split(data, s.val_seqs, s.seed)
+    step, elapsed, log = 0, 0.0, []
+    rng = np.random.default_rng(s.seed + rank)
+    ckpt_path = out / CHECKPOINT
+    if resume and ckpt_path.exists():
+        st = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["optimizer"])
+        step, elapsed, log = st["step"], st["elapsed"], st["log"]
+        rng.bit_generator.state = st["rng"]
+    budget = s.max_minutes * 60.0
+
+    def frac() -> float:
+        f = elapsed / budget if budget > 0 else 0.0
+        return max(f, step / s.max_steps if s.max_steps else 0.0)
+
+    def save() -> None:
+        if rank != 0:
+            return
+        tmp = ckpt_path.with_suffix(".tmp")
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "elapsed": elapsed,
+                    "log": log, "rng": rng.bit_generator.state, "config": model.config.to_dict(),
+                    "settings": {k: v for k, v in asdict(s).items() if k != "log"}}, tmp)
+        os.replace(tmp, ckpt_path)
+
+    bar = tqdm(total=100.0, initial=round(100 * min(frac(), 1.0), 1), desc="training", unit="%", mininterval=2.0,
+               bar_format="{l_bar}{bar}| {n:.1f}/{total:.0f}% [{elapsed}<{remaining}]{postfix}",
+               disable=(None if progress is None else not progress) if rank == 0 else True)
+    last_ckpt = time.monotonic()
+    ema: float | None = None
+    model.train()
+    while frac() < 1.0:
+        t0 = time.monotonic()
+        for g in opt.param_groups:
+            g["lr"] = s.lr * lr_at(frac())
+        batch = sample_batch(data, rng, s.batch_seqs, s.anchors, model.config.block_size,
+                             seq_ids=rng.choice(train_ids, size=min(s.batch_seqs, len(train_ids)), replace=False))
+        loss = compute_losses(model, batch, gamma=s.gamma, selector_weight=s.selector_weight, forward=ddp_model)
+        opt.zero_grad(set_to_none=True)
+        loss.total.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        elapsed += time.monotonic() - t0
+        ema = loss.total.item() if ema is None else 0.95 * ema + 0.05 * loss.total.item()
+        if step % 20 == 0 or step == 1:
+            log.append({"step": step, "elapsed_s": round(elapsed, 1), "loss": round(ema, 4), "ce": round(loss.ce, 4),
+                        "selector": round(loss.selector, 4), "acc1": round(loss.acc[0], 3),
+                        "tau_est": round(expected_tau(loss.acc), 3), "lr": opt.param_groups[0]["lr"]})
+        bar.set_postfix_str(f"step {step} loss {ema:.3f} ce {loss.ce:.3f} sel {loss.selector:.3f} "
+                            f"acc1 {loss.acc[0]:.2f} tau~{expected_tau(loss.acc):.2f}", refresh=False)
+        bar.update(round(100 * min(frac(), 1.0), 1) - bar.n)  # redraws at most every mininterval
+        if time.monotonic() - last_ckpt > s.checkpoint_minutes * 60:
+            save()
+            last_ckpt = time.monotonic()
+    bar.close()
+    summary = {"steps": step, "train_seconds": round(elapsed, 1), "final_loss": ema, "last": log[-1] if log else {}}
+    summary.update(evaluate(model, data, val_ids, s))
+    log.append({"step": step, "elapsed_s": round(elapsed, 1), **{k: v for k, v in summary.items() if k != "last"}})
+    save()
+    if rank == 0:
+        (out / "train_log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in log))
+    return summary

@@ -1,0 +1,269 @@
+"""`pydflash2 train` on the tiny real target: the dataset, the model's math, the
+loss going down, the exports, resume, and the trained file running losslessly in
+our engine and in upstream llama.cpp."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="pydflash2[train] (torch) is not installed")
+
+import llama_cpp  # noqa: E402
+from pydflash2.convert.checkpoint import open_checkpoint  # noqa: E402
+
+from pydflash2 import inspect_drafter, testing  # noqa: E402
+from pydflash2.cli import main as cli_main  # noqa: E402
+from pydflash2.speculator import Speculator  # noqa: E402
+from pydflash2.train.dataset import Dataset, DatasetError, DatasetWriter  # noqa: E402
+from pydflash2.train.distill import Distiller  # noqa: E402
+from pydflash2.train.export import export_hf  # noqa: E402
+from pydflash2.train.model import DrafterConfig  # noqa: E402
+from pydflash2.train.objective import compute_losses, sample_batch  # noqa: E402
+from pydflash2.train.prompts import DEV_FILE, TRAIN_FILE, read_prompts  # noqa: E402
+from pydflash2.train.target import read_target, tap_layers  # noqa: E402
+from pydflash2.train.trainer import build_model  # noqa: E402
+from pydflash2.upstream import UpstreamDrafter  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from drafter_ref import RefDrafter  # noqa: E402
+
+HOT = tuple(testing.FIRST_MERGED_ID + i for i in range(6))
+TAPS = [0, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def hot_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # a target whose greedy text is predictable enough for a few training steps to show
+    d = tmp_path_factory.mktemp("train-target")
+    return testing.make_target_gguf(d / "target.gguf", testing.TargetSpec(hot_tokens=HOT))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory, hot_target: Path) -> Path:
+    """One small end-to-end `pydflash2 train` run (reduced draft vocabulary: d2t on)."""
+    out = tmp_path_factory.mktemp("train-run") / "run"
+    rc = cli_main(["train", "--target", str(hot_target), "--out", str(out), "--max-prompts", "16", "--max-new", "32",
+                   "--n-seq", "4", "--taps", "3", "--layers", "1", "--block-size", "6", "--draft-vocab", "300",
+                   "--max-steps", "60", "--max-minutes", "60", "--batch", "4", "--anchors", "8", "--lr", "3e-3",
+                   "--top-k", "4", "--rank", "8", "--outtype", "f16"])
+    assert rc == 0
+    return out
+
+
+def test_prompt_sets_are_big_and_disjoint() -> None:
+    train, dev = read_prompts(TRAIN_FILE), read_prompts(DEV_FILE)
+    assert len(train) >= 2000 and len(set(train)) == len(train)
+    assert len(dev) >= 32 and not set(train) & set(dev)
+
+
+def test_tap_layers_stay_tappable() -> None:
+    assert tap_layers(30, 5) == [1, 8, 14, 20, 27]
+    for n_layer in range(2, 40):
+        for n in range(1, 6):
+            ids = tap_layers(n_layer, n)
+            assert ids and all(0 <= i <= n_layer - 2 for i in ids), (n_layer, n, ids)
+
+
+def test_mask_is_an_unused_special_token(hot_target: Path) -> None:
+    info = read_target(hot_target)
+    assert info.mask_token_id == testing.MASK_ID and info.mask_token == "<|mask|>"
+
+
+def test_dataset_round_trip_and_torn_tail(tmp_path: Path) -> None:
+    meta = {"target_sha": "abc", "target_layer_ids": [0, 2], "n_taps": 2, "n_embd": 4, "n_vocab": 50}
+    rng = np.random.default_rng(0)
+    seqs = [(i, rng.integers(0, 50, 5 + i), rng.standard_normal((5 + i, 8)).astype(np.float32), 2) for i in range(3)]
+    with DatasetWriter(tmp_path, meta) as w:
+        for p, t, f, pl in seqs:
+            w.add(p, t, f, pl)
+    # an interrupted write: data past the last index line, half an index line
+    with open(tmp_path / "features.bin", "ab") as f:
+        f.write(b"\x01" * 40)
+    with open(tmp_path / "index.jsonl", "a") as f:
+        f.write('{"prompt": 9, "sta')
+    data = Dataset(tmp_path)
+    assert len(data) == 3 and data.width == 8
+    for i, (p, t, f, pl) in enumerate(seqs):
+        tokens, feats, plen = data.sequence(i)
+        np.testing.assert_array_equal(tokens, t)
+        np.testing.assert_array_equal(feats, f.astype(np.float16))
+        assert plen == pl and data.sequences[i].prompt == p
+    with DatasetWriter(tmp_path, meta) as w:  # resumes: the torn tail is cut
+        assert w.done_prompts == {0, 1, 2}
+        w.add(3, np.arange(4), np.ones((4, 8)), 1)
+    data = Dataset(tmp_path)
+    assert len(data) == 4 and (tmp_path / "features.bin").stat().st_size == data.n_rows * 8 * 2
+    np.testing.assert_array_equal(data.sequence(3)[0], np.arange(4))
+    with pytest.raises(DatasetError, match="another target"):
+        DatasetWriter(tmp_path, {**meta, "target_layer_ids": [1]})
+
+
+def test_distilled_rows_match_a_lone_sequence(hot_target: Path) -> None:
+    """Several sequences per decode give each sequence what a decode of it alone gives."""
+    prompts = read_prompts(TRAIN_FILE)[:3]
+
+    def run(n_seq: int, d: Path) -> Dataset:
+        info = read_target(hot_target)
+        meta = {"target_sha": "t", "target_layer_ids": TAPS, "n_taps": 3, "n_embd": 64, "n_vocab": info.n_vocab}
+        with DatasetWriter(d, meta) as w, Distiller(hot_target, TAPS, n_seq=n_seq, max_len=256) as dist:
+            dist.run(prompts, w, max_new=20, progress=False)
+        return Dataset(d)
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        batched, alone = run(3, Path(a)), run(1, Path(b))
+        by_prompt = {s.prompt: i for i, s in enumerate(alone.sequences)}
+        assert len(batched) == len(alone) == 3
+        llm = llama_cpp.Llama(str(hot_target), n_ctx=256, verbose=False)
+        for i, s in enumerate(batched.sequences):
+            tb, fb, pl = batched.sequence(i)
+            ta, fa, _ = alone.sequence(by_prompt[s.prompt])
+            np.testing.assert_array_equal(tb, ta)
+            np.testing.assert_allclose(fb, fa, rtol=2e-2, atol=2e-2)
+            assert not fb[-1].any() and np.abs(fb[:-1]).sum(1).min() > 0  # last row: never run
+            # the continuation is the target's own greedy text
+            cont = []
+            for tok in llm.generate([int(t) for t in tb[:pl]], temp=0.0, top_k=0, top_p=1.0, min_p=0.0, reset=True):
+                cont.append(tok)
+                if len(cont) == len(tb) - pl:
+                    break
+            assert cont == [int(t) for t in tb[pl:]]
+
+
+def _tiny_config(info, **kw) -> DrafterConfig:  # noqa: ANN001
+    base = dict(n_embd=64, n_vocab=info.n_vocab, target_layer_ids=TAPS, mask_token_id=info.mask_token_id,
+                n_layer=2, n_head=4, n_head_kv=2, head_dim=16, n_ff=128, block_size=6, rope_theta=10000.0,
+                rms_eps=info.rms_eps, conv_group_size=16, selector_rank=8, selector_top_k=4)
+    base.update(kw)
+    return DrafterConfig(**base)
+
+
+@pytest.mark.parametrize("version", [2, 1])
+def test_model_is_the_documented_drafter(tmp_path: Path, hot_target: Path, version: int) -> None:
+    """The PyTorch drafter, exported, computes what the float64 reference of the doc's
+    math computes from the GGUF (so the graph we train is the graph that runs)."""
+    info = read_target(hot_target)
+    torch.manual_seed(0)
+    model = build_model(_tiny_config(info, version=version), hot_target)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)  # off the identity/zero init, so every weight matters
+    hf = export_hf(model, tmp_path / "hf", draft_ids=[])
+    ref = RefDrafter(testing.checkpoint_to_gguf(hf, hot_target, tmp_path / "d.gguf"), hot_target)
+    feats = np.random.default_rng(1).standard_normal((12, 3 * 64)).astype(np.float32)
+    p = 9
+    ref.inject(feats[:p].astype(np.float64), np.arange(p))
+    h_ref, lg_ref = ref.forward(40, p, 6)
+    with torch.no_grad():
+        h, lg = model(torch.from_numpy(feats)[None], torch.ones(1, 12, dtype=torch.bool), torch.tensor([[p]]),
+                      torch.tensor([[40]]), 6)
+    np.testing.assert_allclose(h[0, 0].numpy(), h_ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(lg[0, 0].numpy(), lg_ref, rtol=1e-4, atol=2e-3)
+    if version == 2:
+        _, score = ref.selector(40, h_ref, lg_ref)
+        pred, cand = torch.tensor([40]), torch.tensor([[41, 42, 43]])
+        ours = model.candidate_selector.scores(lg[0, 0, 1][cand], cand, h[0, 0, 1], pred)
+        want = [score(0, 40, c) for c in (41, 42, 43)]
+        np.testing.assert_allclose(ours.detach().numpy()[0], want, rtol=1e-4, atol=2e-3)
+
+
+def test_training_reduces_the_loss(run_dir: Path) -> None:
+    log = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+    steps = [e for e in log if "loss" in e]
+    assert steps[0]["step"] == 1 and steps[-1]["step"] >= 40
+    assert steps[-1]["loss"] < 0.8 * steps[0]["loss"], steps
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 60 and summary["draft_vocab"] == 300
+
+
+def test_hf_export_reloads(run_dir: Path, hot_target: Path) -> None:
+    ckpt = open_checkpoint(run_dir / "hf")
+    cfg = ckpt.config
+    assert cfg["architectures"] == ["DFlash2DraftModel"]
+    dc = cfg["dflash_config"]
+    assert dc["target_layer_ids"] == TAPS and dc["mask_token_id"] == testing.MASK_ID and dc["block_size"] == 6
+    assert (dc["selector_top_k"], dc["selector_rank"], dc["conv_kernel_size"]) == (4, 8, 2)
+    assert cfg["draft_vocab_size"] == 300
+    st = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    model = build_model(DrafterConfig(**st["config"]), hot_target)
+    model.load_state_dict(st["model"])
+    want = {k: v.numpy() for k, v in model.state_dict().items()}
+    got = {k: ckpt.read(k) for k in ckpt.tensors}
+    assert set(got) == set(want) | {"lm_head.weight", "d2t"}
+    for k, v in want.items():
+        np.testing.assert_array_equal(got[k], v, err_msg=k)
+    ids = np.asarray(st["config"]["draft_ids"])
+    np.testing.assert_array_equal(got["d2t"] + np.arange(len(ids)), ids)
+    np.testing.assert_array_equal(got["lm_head.weight"], model.head_rows.numpy())
+
+
+def test_gguf_validates_and_runs_in_upstream(run_dir: Path, hot_target: Path) -> None:
+    info = inspect_drafter(run_dir / "drafter.gguf")
+    assert info["version"] == 2 and info["has_d2t"] and info["n_vocab_draft"] == 300
+    with UpstreamDrafter(hot_target, run_dir / "drafter.gguf", n_ctx=256) as up:
+        assert up.is_dflash2 and up.target_layers == [i + 1 for i in TAPS]
+        assert up.mask_token_id == testing.MASK_ID
+        prompt = [1, 40, 41, 42, 43, 44]
+        feats, logits = up.target_decode(prompt, 0)
+        up.inject(feats, range(len(prompt)))
+        lat = up.draft(int(np.argmax(logits[-1])), len(prompt))
+        assert lat.candidates.shape == (5, 4) and np.isfinite(lat.scores).all()
+
+
+def test_trained_drafter_is_lossless_and_accepted(run_dir: Path, hot_target: Path) -> None:
+    llm = llama_cpp.Llama(str(hot_target), n_ctx=512, verbose=False)
+    prompts = read_prompts(DEV_FILE)[:6]
+    with Speculator(llm, None, n_max=0) as plain:
+        refs = {p: plain.generate(p, max_tokens=32).tokens for p in prompts}
+    accepted = 0
+    with Speculator(llm, run_dir / "drafter.gguf", n_max=5) as spec:
+        for p in prompts:
+            out = spec.generate(p, max_tokens=32)
+            assert out.tokens == refs[p], p
+            accepted += sum(out.stats["accepted_per_position"])
+    assert accepted > 0
+
+
+def test_resume_continues_from_the_checkpoint(run_dir: Path, hot_target: Path, capsys) -> None:
+    before = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    args = ["train", "--target", str(hot_target), "--out", str(run_dir), "--taps", "3", "--layers", "1",
+            "--block-size", "6", "--draft-vocab", "300", "--max-minutes", "60", "--batch", "4", "--anchors", "8",
+            "--top-k", "4", "--rank", "8", "--outtype", "f16"]
+    assert cli_main([*args, "--max-steps", "70"]) == 2  # not empty, no --resume: refused, nothing touched
+    assert "--resume" in capsys.readouterr().err
+    assert cli_main([*args, "--max-steps", "70", "--resume"]) == 0
+    after = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    assert before["step"] == 60 and after["step"] == 70
+    assert after["elapsed"] > before["elapsed"]
+    assert after["config"]["draft_ids"] == before["config"]["draft_ids"]
+    assert [e["step"] for e in after["log"] if "loss" in e][:3] == [e["step"] for e in before["log"] if "loss" in e][:3]
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 70
+
+
+def test_sample_batch_labels_follow_the_anchor(tmp_path: Path) -> None:
+    meta = {"target_sha": "x", "target_layer_ids": [0], "n_taps": 1, "n_embd": 2, "n_vocab": 100}
+    with DatasetWriter(tmp_path, meta) as w:
+        w.add(0, np.arange(10, 30), np.arange(40).reshape(20, 2), 5)
+    b = sample_batch(Dataset(tmp_path), np.random.default_rng(0), 1, 50, 4)
+    for a in range(b.anchor_pos.shape[1]):
+        p = int(b.anchor_pos[0, a])
+        assert 4 <= p <= 18 and int(b.anchor_tok[0, a]) == 10 + p
+        lab = [int(x) for x in b.labels[0, a, 1:] if x >= 0]
+        assert lab == list(range(11 + p, min(30, 10 + p + 4)))
+    assert b.feats.shape[1] == int(b.anchor_pos.max())  # context: rows before the last anchor only
+
+
+def test_loss_is_finite_without_selector(tmp_path: Path, hot_target: Path) -> None:
+    meta = {"target_sha": "x", "target_layer_ids": TAPS, "n_taps": 3, "n_embd": 64, "n_vocab": 424}
+    with DatasetWriter(tmp_path, meta) as w:
+        w.add(0, np.arange(100, 130), np.random.default_rng(0).standard_normal((30, 192)), 3)
+    info = read_target(hot_target)
+    model = build_model(_tiny_config(info, version=1), hot_target)
+    loss = compute_losses(model, sample_batch(Dataset(tmp_path), np.random.default_rng(0), 1, 8, 6))
+    assert np.isfinite(loss.total.item()) and loss.selector == 0.0
