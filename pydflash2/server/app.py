@@ -224,14 +224,22 @@ def _submit(scheduler: Scheduler, request: Request, body: schemas._Sampling, tok
 
 
 async def _wait(scheduler: Scheduler, request: Request, req: GenerationRequest) -> Finished:
-    """Collects a request's events; a client that goes away cancels it."""
+    """Collects a request's events; a client that goes away cancels it. The check
+    runs every DISCONNECT_POLL_S whether or not tokens keep arriving: a fast
+    engine emits events more often than that, and must still notice."""
+    loop = asyncio.get_running_loop()
+    next_check = loop.time() + DISCONNECT_POLL_S
     while True:
         try:
-            event = await asyncio.wait_for(req.events.get(), timeout=DISCONNECT_POLL_S)
+            event = await asyncio.wait_for(req.events.get(), timeout=max(0.0, next_check - loop.time()))
         except TimeoutError:
+            event = None
+        if loop.time() >= next_check:
+            next_check = loop.time() + DISCONNECT_POLL_S
             if await request.is_disconnected():
                 scheduler.cancel(req)
                 raise ApiError(499, "client disconnected") from None
+        if event is None:
             continue
         if isinstance(event, Finished):
             if event.finish_reason == "error":
