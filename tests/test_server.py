@@ -352,19 +352,32 @@ def test_metrics_parse_and_move(client: openai.OpenAI, server: ServerProcess, ll
 
 
 def test_busy_slots_gauge_during_load(client: openai.OpenAI, server: ServerProcess) -> None:
+    # Four concurrent streams of 450 tokens (about 0.6 s each here on an idle machine, slower under load):
+    # they share the slots, so the gauge must show several busy at once. Short requests (16 tokens, 40 ms)
+    # could finish before the next one arrived, which made this test flaky.
     seen: list[float] = []
     stop = threading.Event()
 
     def watch() -> None:
         while not stop.is_set():
             seen.append(metrics(server.url, AUTH)[("pydflash2:num_requests_running", ())])
-            time.sleep(0.05)
+            time.sleep(0.01)
+
+    def stream(prompt: str) -> int:
+        n = 0
+        for chunk in client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=450, temperature=0,
+                                               stream=True):
+            n += bool(chunk.choices and chunk.choices[0].text)
+        return n
 
     t = threading.Thread(target=watch)
     t.start()
-    with ThreadPoolExecutor(4) as pool:
-        list(pool.map(lambda p: client.completions.create(model=MODEL_ID, prompt=p, max_tokens=16, temperature=0),
-                      PROMPTS[:4]))
-    stop.set()
-    t.join()
-    assert max(seen) >= 2
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            pieces = list(pool.map(stream, PROMPTS[:4]))
+    finally:
+        stop.set()
+        t.join()
+    assert all(n > 0 for n in pieces)
+    assert max(seen) >= 2, seen
+    assert seen[-1] == 0 or metrics(server.url, AUTH)[("pydflash2:num_requests_running", ())] == 0
