@@ -12,7 +12,7 @@ malformed. Every good request must get 200 with a text, every bad one a 4xx;
 no 5xx, no dropped connection; RSS growth from the first answer to the last
 must stay under 5 %.
 
-    python benchmarks/server_load.py                      # SmolLM2 + a random drafter
+    python benchmarks/server_load.py                      # SmolLM2 + its shipped drafter
     python benchmarks/server_load.py --requests 40 --clients 8 --soak --soak-requests 50
     python benchmarks/server_load.py --measure-delta       # logit drift of batching (tests' near-tie delta)
 
@@ -119,6 +119,7 @@ class LoadResult:
     latencies: list[float] = field(default_factory=list)
     completion_tokens: int = 0
     errors: int = 0
+    texts: list[str] = field(default_factory=list)
     rss_before: float = 0.0
     rss_after: float = 0.0
 
@@ -137,34 +138,37 @@ class LoadResult:
 
 def workload(n: int, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
+    # repeat_penalty 1: llama-cpp-python's server would apply 1.1 by default (not greedy; ours ignores the field)
     return [{"messages": [{"role": "user", "content": rng.choice(PROMPTS)}], "max_tokens": rng.choice(MAX_TOKENS),
-             "temperature": 0} for _ in range(n)]
+             "temperature": 0, "repeat_penalty": 1.0} for _ in range(n)]
 
 
-def run_load(server: Server, model: str, bodies: list[dict], clients: int) -> LoadResult:
-    res = LoadResult(server.name)
-    with httpx.Client(timeout=600) as c:  # warm-up (not timed)
-        c.post(server.url + "/v1/chat/completions", json={**bodies[0], "model": model, "max_tokens": 8})
-    res.rss_before = server.rss()
+def warm_up(server: Server, model: str, body: dict) -> None:
+    with httpx.Client(timeout=600) as c:  # not timed
+        c.post(server.url + "/v1/chat/completions", json={**body, "model": model, "max_tokens": 8})
 
-    def one(body: dict) -> tuple[float, int, bool]:
+
+def run_load(server: Server, model: str, bodies: list[dict], clients: int, res: LoadResult) -> None:
+    """One round: `bodies` from `clients` concurrent clients; adds to res."""
+
+    def one(body: dict) -> tuple[float, int, str | None]:
         t0 = time.perf_counter()
         with httpx.Client(timeout=600) as c:
             r = c.post(server.url + "/v1/chat/completions", json={**body, "model": model})
         dt = time.perf_counter() - t0
         if r.status_code != 200:
-            return dt, 0, False
-        return dt, int(r.json()["usage"]["completion_tokens"]), True
+            return dt, 0, None
+        out = r.json()
+        return dt, int(out["usage"]["completion_tokens"]), out["choices"][0]["message"]["content"]
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
-        for dt, n, ok in pool.map(one, bodies):
+        for dt, n, text in pool.map(one, bodies):
             res.latencies.append(dt)
             res.completion_tokens += n
-            res.errors += 0 if ok else 1
-    res.wall_s = time.perf_counter() - t0
-    res.rss_after = server.rss()
-    return res
+            res.errors += 0 if text is not None else 1
+            res.texts.append(text or "")
+    res.wall_s += time.perf_counter() - t0
 
 
 def run_soak(server: Server, model: str, clients: int, per_client: int, bad_share: float) -> dict:
@@ -270,12 +274,16 @@ def measure_delta(model: str, n_steps: int = 24, rows: int = 4) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--draft", default=None, help="drafter GGUF (default: a random drafter made for the target)")
+    ap.add_argument("--draft", default=None,
+                    help="drafter GGUF (default: the shipped drafter for the default target, else a random one)")
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds the requests are split into")
     ap.add_argument("--parallel", default="1,4", help="our server's --parallel values to run")
     ap.add_argument("--n-ctx", type=int, default=2048)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                    help="CPU threads of every server, for one-row and batch decodes alike (default: half the CPUs, "
+                         "llama-cpp-python's default for generation)")
     ap.add_argument("--n-max", default="auto")
     ap.add_argument("--max-tokens", default=None, help="comma list of answer lengths to mix (default 16,32,64,128)")
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama-cpp-python's server")
@@ -293,17 +301,19 @@ def main() -> int:
         measure_delta(args.model)
         return 0
 
-    from pydflash2.models import resolve_target
+    from pydflash2.models import default_drafter, resolve_target
 
     target = str(resolve_target(args.model))
     model_id = Path(target).stem
     tmp = Path(tempfile.mkdtemp(prefix="server_load-"))
     draft = args.draft
+    if draft is None and args.model == "smollm2" and default_drafter() is not None:
+        draft = str(default_drafter())
     if draft is None:
         draft = str(tmp / "random-drafter.gguf")
         subprocess.run([sys.executable, "-m", "pydflash2", "random-drafter", target, "-o", draft], check=True,
                        cwd=tmp, stdout=subprocess.DEVNULL)
-    threads = ["--threads", str(args.threads)] if args.threads else []
+    threads = ["--threads", str(args.threads)]
     ours = [sys.executable, "-m", "pydflash2.server", "--model", target, "--draft", draft, "--n-ctx",
             str(args.n_ctx), "--n-max", args.n_max, "--max-queue", "1000", *threads]
     env_note = f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start"
@@ -312,38 +322,51 @@ def main() -> int:
                     "machine": env_note}
 
     if not args.soak_only:
+        # every server up at once (idle ones cost no CPU), the workload in rounds run on each server in
+        # turn (A, B, C, A, B, C, ...), so that the shared machine's load drifts over all of them alike
         bodies = workload(args.requests)
-        for par in [int(x) for x in args.parallel.split(",")]:
-            port = free_port()
-            s = Server(f"pydflash2 --parallel {par}", [*ours, "--port", str(port), "--parallel", str(par)], port,
-                       "/health", tmp)
-            try:
-                results.append(run_load(s, model_id, bodies, args.clients))
-            finally:
-                s.stop()
-        if not args.no_llama_cpp:
-            port = free_port()
-            cmd = [sys.executable, "-m", "llama_cpp.server", "--model", target, "--model_alias", model_id,
-                   "--n_ctx", str(args.n_ctx), "--host", "127.0.0.1", "--port", str(port)]
-            if args.threads:
-                cmd += ["--n_threads", str(args.threads)]
-            s = Server("llama-cpp-python server", cmd, port, "/v1/models", tmp)
-            try:
-                results.append(run_load(s, model_id, bodies, args.clients))
-            finally:
+        servers: list[Server] = []
+        try:
+            for par in [int(x) for x in args.parallel.split(",")]:
+                port = free_port()
+                servers.append(Server(f"pydflash2 --parallel {par}",
+                                      [*ours, "--port", str(port), "--parallel", str(par)], port, "/health", tmp))
+            if not args.no_llama_cpp:
+                port = free_port()
+                cmd = [sys.executable, "-m", "llama_cpp.server", "--model", target, "--model_alias", model_id,
+                       "--n_ctx", str(args.n_ctx), "--host", "127.0.0.1", "--port", str(port),
+                       "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads)]
+                servers.append(Server("llama-cpp-python server", cmd, port, "/v1/models", tmp))
+            results = [LoadResult(s.name) for s in servers]
+            for s, r in zip(servers, results, strict=True):
+                warm_up(s, model_id, bodies[0])
+                r.rss_before = s.rss()
+            n_rounds = max(1, min(args.rounds, len(bodies) // args.clients))
+            for k in range(n_rounds):
+                part = bodies[k * len(bodies) // n_rounds:(k + 1) * len(bodies) // n_rounds]
+                for s, r in zip(servers, results, strict=True):
+                    run_load(s, model_id, part, args.clients, r)
+                    print(f"round {k + 1}/{n_rounds} {s.name}: {r.completion_tokens / r.wall_s:.1f} tok/s so far, "
+                          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+            for s, r in zip(servers, results, strict=True):
+                r.rss_after = s.rss()
+        finally:
+            for s in servers:
                 s.stop()
         base = results[-1] if not args.no_llama_cpp else results[0]
         print(f"\n{args.requests} requests, {args.clients} clients, target {Path(target).name}, {env_note}")
-        print(f"{'server':28s} {'tok/s':>8s} {'req/s':>7s} {'p50 s':>7s} {'p95 s':>7s} {'errors':>6s} "
-              f"{'RSS MB before->after':>22s} {'tok/s ratio':>11s} {'p95 ratio':>9s}")
+        print(f"{'server':28s} {'tokens':>7s} {'tok/s':>8s} {'req/s':>7s} {'p50 s':>7s} {'p95 s':>7s} {'errors':>6s} "
+              f"{'RSS MB before->after':>22s} {'tok/s ratio':>11s} {'p95 ratio':>9s} {'same text':>9s}")
         for r in results:
-            print(f"{r.name:28s} {r.tok_s:8.1f} {r.req_s:7.2f} {r.pct(0.5):7.2f} {r.pct(0.95):7.2f} {r.errors:6d} "
-                  f"{r.rss_before:10.0f}->{r.rss_after:<10.0f} {r.tok_s / base.tok_s:11.2f} "
-                  f"{r.pct(0.95) / base.pct(0.95):9.2f}")
+            same = sum(a == b for a, b in zip(r.texts, base.texts, strict=True))
+            print(f"{r.name:28s} {r.completion_tokens:7d} {r.tok_s:8.1f} {r.req_s:7.2f} {r.pct(0.5):7.2f} "
+                  f"{r.pct(0.95):7.2f} {r.errors:6d} {r.rss_before:10.0f}->{r.rss_after:<10.0f} "
+                  f"{r.tok_s / base.tok_s:11.2f} {r.pct(0.95) / base.pct(0.95):9.2f} {same:4d}/{len(r.texts):<4d}")
         report["load"] = [{"name": r.name, "tok_s": r.tok_s, "req_s": r.req_s, "p50_s": r.pct(0.5),
                            "p95_s": r.pct(0.95), "errors": r.errors, "rss_before_mb": r.rss_before,
                            "rss_after_mb": r.rss_after, "completion_tokens": r.completion_tokens,
-                           "wall_s": r.wall_s} for r in results]
+                           "wall_s": r.wall_s, "same_text_as_baseline": sum(
+                               a == b for a, b in zip(r.texts, base.texts, strict=True))} for r in results]
 
     if args.soak or args.soak_only:
         port = free_port()

@@ -118,8 +118,9 @@ BatchEngine::BatchEngine(llama_model * model, const std::vector<Drafter *> & dra
         }
         feed_drafters_ = true;
     }
+    shared_policy_ = DraftLengthPolicy(max_draft_);
     for (Slot & s : slots_) {
-        s.policy = DraftLengthPolicy(max_draft_);
+        s.policy = shared_policy_;
     }
     target_.claim();
     batch_cap_ = target_.n_batch();
@@ -142,6 +143,7 @@ BatchEngine::Slot & BatchEngine::slot_at(int slot) {
 void BatchEngine::set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s) {
     costs_verify_ = verify_s;
     costs_draft_ = draft_s;
+    shared_policy_.set_costs(verify_s, draft_s);
     for (Slot & s : slots_) {
         s.policy.set_costs(verify_s, draft_s);
     }
@@ -165,22 +167,17 @@ void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, const
         }
     }
     auto sampler = std::make_unique<TargetSampler>(sampling, target_.n_vocab());  // validates the parameters
-    llama_memory_seq_rm(llama_get_memory(ctx_.get()), slot, -1, -1);
-    if (s.drafter != nullptr) {
-        s.drafter->truncate(0);
-    }
+    const int32_t keep = reuse_prefix(s, slot, prompt);
     s.sampler = std::move(sampler);
     s.prompt = prompt;
-    s.n_prefilled = 0;
+    s.history = prompt;  // positions >= keep are prefilled next
+    s.n_prefilled = keep;
+    s.n_reused = keep;
     s.pos = 0;
     s.anchor = -1;
-    s.policy = DraftLengthPolicy(max_draft_);
-    s.queued_features.clear();
-    s.queued_positions.clear();
+    stats_.n_prompt_reused += keep;
+    s.policy = shared_policy_;  // the costs, and the acceptance seen so far
     s.state = State::Prefill;
-    if (!costs_verify_.empty()) {  // each request starts with a fresh acceptance estimate, not fresh costs
-        s.policy.set_costs(costs_verify_, costs_draft_);
-    }
 }
 
 void BatchEngine::stop(int slot) {
@@ -188,15 +185,34 @@ void BatchEngine::stop(int slot) {
     if (s.state == State::Idle) {
         return;
     }
-    llama_memory_seq_rm(llama_get_memory(ctx_.get()), slot, -1, -1);
-    if (s.drafter != nullptr) {
-        s.drafter->truncate(0);
-    }
+    // what the sequence holds: the prefilled prompt rows, or every committed row
+    const int32_t held = s.state == State::Prefill ? s.n_prefilled : s.pos;
+    s.history.resize(static_cast<size_t>(std::min<int32_t>(held, static_cast<int32_t>(s.history.size()))));
     s.state = State::Idle;
     s.prompt.clear();
-    s.queued_features.clear();
-    s.queued_positions.clear();
     s.sampler.reset();
+}
+
+int32_t BatchEngine::reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt) {
+    // the common prefix with what the slot holds, leaving at least the last
+    // prompt token to decode (its logits give the first answer token)
+    const size_t limit = std::min(s.history.size(), prompt.size() - 1);
+    size_t keep = 0;
+    while (keep < limit && s.history[keep] == prompt[keep]) {
+        ++keep;
+    }
+    const auto k = static_cast<int32_t>(keep);
+    llama_memory_seq_rm(llama_get_memory(ctx_.get()), slot, k, -1);
+    if (s.drafter != nullptr) {
+        s.drafter->truncate(k);
+        // rows committed but not yet injected: keep those below k (positions ascend)
+        const auto cut = std::lower_bound(s.queued_positions.begin(), s.queued_positions.end(), k);
+        const size_t n_kept = static_cast<size_t>(cut - s.queued_positions.begin());
+        s.queued_positions.resize(n_kept);
+        s.queued_features.resize(n_kept * static_cast<size_t>(target_.feature_width()));
+    }
+    s.history.resize(keep);
+    return k;
 }
 
 int BatchEngine::choose_n_draft(Slot & s) {
@@ -204,6 +220,37 @@ int BatchEngine::choose_n_draft(Slot & s) {
         return 0;
     }
     return opts_.n_max < 0 ? s.policy.choose() : max_draft_;
+}
+
+int BatchEngine::batch_draft_length(const std::vector<size_t> & decoding) const {
+    // Each slot's policy prices a block as if it were decoded alone, where a
+    // drafted row costs a fraction of the first (weights are read once). In a
+    // batch of many slots on a CPU every row costs about the same, so the
+    // common length maximises the batch's rate under a linear model: the first
+    // row, plus the marginal row cost measured on one slot for every other row,
+    // plus each slot's (serial) drafter time.
+    const std::vector<double> & v = costs_verify_;
+    const std::vector<double> & d = costs_draft_;
+    const double row = std::max(0.0, (v.back() - v.front()) / static_cast<double>(v.size() - 1));
+    const double b = static_cast<double>(decoding.size());
+    int best = 0;
+    double best_rate = -1.0;
+    for (int n = 0; n <= max_draft_; ++n) {
+        double tokens = 0.0;
+        for (const size_t i : decoding) {
+            tokens += slots_[i].policy.expected_tokens(n);
+        }
+        double seconds = v.front() + (b * (n + 1) - 1.0) * row;
+        if (n > 0 && !d.empty()) {
+            seconds += b * d[std::min(static_cast<size_t>(n - 1), d.size() - 1)];
+        }
+        const double rate = tokens / std::max(seconds, 1e-9);
+        if (rate > best_rate) {
+            best = n;
+            best_rate = rate;
+        }
+    }
+    return best;
 }
 
 void BatchEngine::queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0) {
@@ -294,6 +341,8 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
     // common draft length is the longest any slot's policy asks for.
     int n_decode = 0;
     int n_common = 0;
+    std::vector<size_t> decoding;
+    std::vector<int> wish(slots_.size(), 0);
     for (size_t i = 0; i < slots_.size(); ++i) {
         Slot & s = slots_[i];
         if (s.state == State::Decode && s.pos >= opts_.n_ctx_slot) {
@@ -302,8 +351,14 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
         }
         if (s.state == State::Decode) {
             n_decode += 1;
-            n_common = std::max(n_common, choose_n_draft(s));
+            decoding.push_back(i);
+            wish[i] = choose_n_draft(s);
+            n_common = std::max(n_common, wish[i]);
         }
+    }
+    const bool adaptive = opts_.n_max < 0 && max_draft_ > 0 && costs_verify_.size() >= 2;
+    if (adaptive && n_decode > 1) {
+        n_common = batch_draft_length(decoding);
     }
     const int share = n_decode > 0 ? batch_cap_ / n_decode - 1 : 0;
     std::map<int, std::vector<int>> groups;  // verify rows -> slots (a slot near its context end drafts less)
@@ -313,7 +368,9 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
             continue;
         }
         // the verify rows [anchor, d1..dn] must fit the slot's context
-        const int n = s.drafter == nullptr ? 0 : std::min({n_common, opts_.n_ctx_slot - s.pos - 1, share});
+        // a probing slot drafts its probe (in a group of its own when the others do not draft)
+        const int want = adaptive && n_decode > 1 && s.policy.probing() ? std::max(wish[i], n_common) : n_common;
+        const int n = s.drafter == nullptr ? 0 : std::min({want, opts_.n_ctx_slot - s.pos - 1, share});
         draft(s, n);
         groups[n + 1].push_back(static_cast<int>(i));
     }
@@ -381,6 +438,8 @@ void BatchEngine::finish_decode(int idx, Slot & s, std::vector<int32_t> & counts
         llama_memory_seq_rm(llama_get_memory(ctx_.get()), idx, s.pos + k + 1, -1);  // rejected drafts
     }
     queue_rows(s, s.row0, k + 1, s.pos);  // anchor + accepted drafts are committed
+    s.history.push_back(s.anchor);
+    s.history.insert(s.history.end(), s.drafts.begin(), s.drafts.begin() + k);
     llama_token * out = tokens.data() + static_cast<size_t>(idx) * width;
     for (int j = 0; j < k; ++j) {
         out[j] = s.drafts[static_cast<size_t>(j)];
@@ -396,6 +455,7 @@ void BatchEngine::finish_decode(int idx, Slot & s, std::vector<int32_t> & counts
             stats_.accepted_per_pos[static_cast<size_t>(j)] += 1;
         }
         s.policy.observe(n, k);
+        shared_policy_.observe(n, k);
     }
     s.pos += k + 1;
     s.anchor = v.next;
@@ -480,6 +540,7 @@ std::string BatchEngine::stats_json() const {
     w.field("n_steps", stats_.n_steps);
     w.field("n_rows", stats_.n_rows);
     w.field("n_prompt", stats_.n_prompt);
+    w.field("n_prompt_reused", stats_.n_prompt_reused);
     w.field("n_generated", stats_.n_generated);
     w.field("n_drafts", stats_.n_drafts);
     w.field("n_draft_tokens", stats_.n_draft_tokens);

@@ -37,6 +37,7 @@ struct BatchStats {
     int64_t n_steps = 0;         // target decodes
     int64_t n_rows = 0;          // batch rows in them
     int64_t n_prompt = 0;        // prompt tokens prefilled
+    int64_t n_prompt_reused = 0; // prompt tokens whose K/V a slot already held
     int64_t n_generated = 0;     // tokens committed (first tokens included)
     int64_t n_drafts = 0;        // drafted blocks verified
     int64_t n_draft_tokens = 0;  // drafted tokens verified
@@ -64,10 +65,16 @@ class BatchEngine {
     // n = 1..max_draft drafts on a slot that has finished its prefill.
     void measure_costs(int slot, int reps, std::vector<double> & verify_s, std::vector<double> & draft_s);
 
-    // Queues a prompt on an idle slot; it is prefilled by the next step(s).
+    // Queues a prompt on an idle slot; it is prefilled by the next step(s),
+    // from the first token where it differs from what the slot holds (the
+    // previous request's prompt and answer: a shared system prompt is reused,
+    // as llama-server and llama-cpp-python reuse it).
     void start(int slot, const std::vector<llama_token> & prompt, const SamplingParams & sampling);
-    // Frees a slot (its sequence and drafter rows); a no-op on an idle slot.
+    // Frees a slot for the next request; a no-op on an idle slot. Its K/V
+    // rows stay for prefix reuse.
     void stop(int slot);
+    // Rows of the slot's last prompt that start() reused (not prefilled).
+    int32_t n_reused(int slot) { return slot_at(slot).n_reused; }
 
     // One target decode for all busy slots. counts[s]: tokens committed for
     // slot s (0 = none this step, -1 = its context is full), written to
@@ -84,7 +91,12 @@ class BatchEngine {
         State state = State::Idle;
         Drafter * drafter = nullptr;
         std::vector<llama_token> prompt;
+        // tokens at positions 0.. whose K/V the slot's sequence holds (and its
+        // drafter, cached or queued); kept after stop() so that the next
+        // request on the slot prefills only what differs from its prompt
+        std::vector<llama_token> history;
         int32_t n_prefilled = 0;
+        int32_t n_reused = 0;
         int32_t pos = 0;  // next position to decode
         llama_token anchor = -1;
         std::unique_ptr<TargetSampler> sampler;
@@ -102,8 +114,10 @@ class BatchEngine {
     };
 
     int choose_n_draft(Slot & s);
+    int batch_draft_length(const std::vector<size_t> & decoding) const;
     void draft(Slot & s, int n);
     void queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0);
+    int32_t reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt);
     void flush_rows(Slot & s);
     void add_row(llama_token token, int32_t pos, int seq, bool logits);
     void decode_batch();
@@ -122,6 +136,9 @@ class BatchEngine {
     int prefill_cursor_ = 0;  // round-robin start for prompt chunks
     BatchStats stats_;
     std::vector<double> costs_verify_, costs_draft_;  // reapplied to each new request's policy
+    // acceptance seen over all requests: a new request starts from it, not
+    // from the optimistic prior (short requests would end before it settled)
+    DraftLengthPolicy shared_policy_{0};
     std::vector<float> feat_;
 };
 

@@ -71,6 +71,7 @@ double DraftLengthPolicy::expected_rate(int n) const {
 }
 
 int DraftLengthPolicy::choose() {
+    probing_ = false;
     if (max_draft_ == 0 || verify_s_.empty()) {
         return max_draft_;
     }
@@ -88,6 +89,7 @@ int DraftLengthPolicy::choose() {
             // probe; if plain decoding still wins afterwards, wait twice as long next time
             plain_streak_ = 0;
             probe_interval_ = std::min(2 * probe_interval_, PROBE_MAX);
+            probing_ = true;
             return std::min(PROBE_DRAFT, max_draft_);
         }
     } else {

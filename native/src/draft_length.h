@@ -23,6 +23,8 @@ class DraftLengthPolicy {
     // The n to draft next (0..max_draft); probes now and then while at 0 so
     // that the acceptance estimate can recover when the text gets easier.
     int choose();
+    // Whether the last choose() was a probe (n > 0 although plain decoding looked best).
+    bool probing() const { return probing_; }
 
     // Conditional acceptance estimate of each position (1-based index i-1).
     std::vector<double> acceptance() const;
@@ -36,6 +38,7 @@ class DraftLengthPolicy {
     std::vector<double> verify_s_;
     std::vector<double> draft_s_;
     int plain_streak_ = 0;
+    bool probing_ = false;
     int probe_interval_;  // grows while probes keep confirming plain decoding
 };
 

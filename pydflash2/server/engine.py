@@ -31,6 +31,11 @@ from ..speculator import SELECTORS, GenerationError
 _TOKENIZER_CTX = 256  # the Llama's own context: unused for decoding
 
 
+def default_threads() -> int:
+    """llama-cpp-python's default for generation: half the logical CPUs (about the physical cores)."""
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
 def _check(rc: int, what: str) -> int:
     if rc < 0:
         raise GenerationError(_native.last_error() or f"{what} failed")
@@ -69,14 +74,17 @@ class BatchEngine:
             raise FileNotFoundError(f"target model not found: {path}")
         if draft is not None and not Path(draft).is_file():
             raise FileNotFoundError(f"drafter not found: {draft}")
-        # threads as llama-cpp-python sets them: one-row decodes use n_threads, larger ones n_threads_batch
-        self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=_TOKENIZER_CTX, n_batch=64, n_threads=n_threads,
-                                   n_threads_batch=n_threads, n_gpu_layers=n_gpu_layers, verbose=verbose)
+        # One thread count for every decode. llama-cpp-python's defaults (cpu_count // 2 for one-row decodes,
+        # cpu_count for batches) would run our verify batches on every core: on a machine with other work,
+        # ggml's barriers then wait on descheduled threads and a step gets many times slower.
+        threads = int(n_threads) if n_threads else default_threads()
+        self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=_TOKENIZER_CTX, n_batch=64, n_threads=threads,
+                                   n_threads_batch=threads, n_gpu_layers=n_gpu_layers, verbose=verbose)
+        self.n_threads = threads
         self.model_path = str(path)
         self.n_slots = int(n_slots)
         self.n_ctx = int(n_ctx)
         self.n_max: int | str = n_max if draft is not None else 0
-        threads = int(self.llm.context_params.n_threads_batch)
         self.drafters: list[Drafter] = []
         if draft is not None and n_max != 0:
             self.drafters = [
@@ -86,7 +94,7 @@ class BatchEngine:
         model_addr = ctypes.cast(self.llm._model.model, ctypes.c_void_p).value
         handles = ffi.new("pdf2_drafter *[]", [d._h for d in self.drafters] or [ffi.NULL])
         handle = lib.pdf2_batch_engine_new(
-            ffi.cast("void *", model_addr), self.n_slots, self.n_ctx, int(self.llm.context_params.n_threads), threads,
+            ffi.cast("void *", model_addr), self.n_slots, self.n_ctx, threads, threads,
             -1 if flash_attn is None else int(flash_attn), handles, len(self.drafters),
             -1 if self.n_max == "auto" else int(self.n_max), SELECTORS[selector], 16,
         )
