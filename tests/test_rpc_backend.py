@@ -373,6 +373,43 @@ def test_cli_generate_with_rpc(rpc_servers, models, cpu_reference, tmp_path) -> 
     assert json.loads(r.stdout)["tokens"] == cpu_reference[PROMPTS[3]]
 
 
+def test_server_on_rpc_concurrent_answers_equal_sequential(rpc_servers, models, cpu_reference, tmp_path) -> None:
+    # the server with its target split over both RPC servers and every slot's drafter on RPC1: 8 clients at
+    # once over 4 slots (waiting requests join mid-batch) get their sequential answers, which are the all-CPU ones
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    from server_process import ServerProcess, check_same_greedy
+
+    server = ServerProcess(["--model", models["target"], "--draft", models["v2"], "--parallel", "4", "--n-ctx", "512",
+                            "--n-max", "3", "--threads", "1", "--rpc", ",".join(rpc_servers), "--device", "RPC1",
+                            "-ngl", "99"], tmp_path, timeout=300)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(8)]
+    lengths = [MAX_TOKENS - 2 * (i // len(PROMPTS)) for i in range(8)]  # finish at different steps
+
+    def ask(i: int) -> list[int]:
+        r = httpx.post(server.url + "/v1/completions", timeout=300, json={
+            "prompt": prompts[i], "max_tokens": lengths[i], "temperature": 0, "return_token_ids": True})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["token_ids"]
+
+    try:
+        sequential = [ask(i) for i in range(8)]
+        with ThreadPoolExecutor(8) as pool:
+            concurrent = list(pool.map(ask, range(8)))
+        drafts = httpx.get(server.url + "/metrics").text
+    finally:
+        server.stop()
+    assert concurrent == sequential
+    llm = make_llm(models["target"], "cpu", [])
+    for i, p in enumerate(prompts):
+        ref = cpu_reference[p][: lengths[i]]
+        check_same_greedy(sequential[i], ref, llm.tokenize(p.encode(), add_bos=True, special=True), llm, p)
+    accepted = next(line for line in drafts.splitlines() if line.startswith("pydflash2:spec_decode_num_accepted_"
+                                                                              "tokens_total "))
+    assert float(accepted.split()[1]) > 0  # the drafters on RPC1 drafted, and some drafts were right
+
+
 # ---------------------------------------------------------------- errors (any build; nothing is registered)
 
 
