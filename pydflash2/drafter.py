@@ -91,6 +91,27 @@ class Drafter:
         )
         if h == ffi.NULL:
             raise DrafterError(_native.last_error() or "loading the drafter failed")
+        self._adopt(h)
+
+    @classmethod
+    def sharing_weights(cls, other: Drafter, *, n_ctx: int = 4096, cache_type: str = "f16") -> Drafter:
+        """A drafter over `other`'s loaded weights (one copy in memory; same
+        device and threads) with its own cache: one per concurrent sequence.
+        Drafters that share weights must be driven from one thread at a time."""
+        if cache_type not in ("f16", "f32"):
+            raise ValueError(f"cache_type must be 'f16' or 'f32', got {cache_type!r}")
+        if not 0 < int(n_ctx) < 2**32:
+            raise ValueError(f"n_ctx must be positive, got {n_ctx}")
+        if getattr(other, "_h", None) is None:
+            raise DrafterError("the drafter to share weights with is closed")
+        h = lib.pdf2_drafter_new_sharing(other._h, int(n_ctx), int(cache_type == "f32"))
+        if h == ffi.NULL:
+            raise DrafterError(_native.last_error() or "creating the drafter failed")
+        d = cls.__new__(cls)
+        d._adopt(h)
+        return d
+
+    def _adopt(self, h: Any) -> None:
         self._h = ffi.gc(h, lib.pdf2_drafter_free)
         self.hparams: dict[str, Any] = _native.take_json(lib.pdf2_drafter_hparams_json(self._h), "hparams")
         self.version: int = int(self.hparams["version"])

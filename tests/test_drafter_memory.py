@@ -7,8 +7,9 @@ from __future__ import annotations
 import os
 
 import llama_cpp
+import pytest
 
-from pydflash2 import Drafter
+from pydflash2 import Drafter, DrafterError
 
 
 def _mappings_of(path) -> list[str]:
@@ -29,3 +30,40 @@ def test_target_head_is_mapped_in_place(target_gguf, drafter2_gguf) -> None:
         p = d.propose(anchor=5, pos=0, n=4)
         assert p.candidates is not None and p.candidates.shape == (3, 4)
     del llm
+
+
+def test_drafters_sharing_weights_have_their_own_caches(target_gguf, drafter2_gguf) -> None:
+    # one copy of the weights for many sequences (the server's slots): each drafter proposes from its own
+    # cache exactly what a drafter with weights of its own proposes after the same injections
+    import numpy as np
+
+    rng = np.random.default_rng(11)
+    with Drafter(drafter2_gguf, target_gguf, n_ctx=256, n_threads=1, device="CPU") as a:
+        b = Drafter.sharing_weights(a, n_ctx=128)
+        alone = Drafter(drafter2_gguf, target_gguf, n_ctx=128, n_threads=1, device="CPU")
+        assert a.info["weights_users"] == b.info["weights_users"] == 2 and alone.info["weights_users"] == 1
+        assert a.info["weights_address"] == b.info["weights_address"] != alone.info["weights_address"]
+        assert b.info["n_ctx"] == 128 and b.info["device"] == "CPU"
+        pos_a = pos_b = 0
+        for step in range(6):  # alternate: a's graphs and cache must not leak into b's
+            m = int(rng.integers(1, 9))
+            a.inject(rng.standard_normal((m, a.feature_width)).astype(np.float32), np.arange(pos_a, pos_a + m))
+            pos_a += m
+            a.propose(3, pos_a, 4)
+            fb = rng.standard_normal((2, b.feature_width)).astype(np.float32)
+            b.inject(fb, [pos_b, pos_b + 1])
+            alone.inject(fb, [pos_b, pos_b + 1])
+            pos_b += 2
+            got, want = b.propose(7, pos_b, 5), alone.propose(7, pos_b, 5)
+            assert np.array_equal(got.candidates, want.candidates) and np.array_equal(got.scores, want.scores), step
+            if step == 3:
+                b.truncate(pos_b - 1)
+                alone.truncate(pos_b - 1)
+                pos_b -= 1
+        assert a.n_cached == pos_a and b.n_cached == pos_b
+        alone.close()
+    # the shared weights outlive the drafter that loaded them
+    assert b.propose(7, pos_b, 3).candidates is not None
+    b.close()
+    with pytest.raises(DrafterError, match="closed"):
+        Drafter.sharing_weights(b)

@@ -65,6 +65,10 @@ typedef struct pdf2_drafter pdf2_drafter;
  * 1 = f32. NULL on failure. */
 pdf2_drafter * pdf2_drafter_new(const char * drafter_path, const char * target_path, uint32_t n_ctx,
                                 int32_t n_threads, const char * device, int32_t cache_f32);
+/* A drafter over `other`'s loaded weights (one copy in memory: the model,
+ * its device and threads), with its own cache of n_ctx rows and its own
+ * graphs. Drive drafters that share weights from one thread at a time. */
+pdf2_drafter * pdf2_drafter_new_sharing(const pdf2_drafter * other, uint32_t n_ctx, int32_t cache_f32);
 void pdf2_drafter_free(pdf2_drafter * d);
 
 /* JSON: the drafter's hyperparameters / runtime info (device, cache...). */

@@ -21,7 +21,21 @@ Drafter::Drafter(const std::string & drafter_path, const std::string & target_pa
     ModelOptions mo;
     mo.device = opts.device;
     mo.n_threads = opts.n_threads;
-    model_ = std::make_unique<DrafterModel>(drafter_path, target_path, mo);
+    model_ = std::make_shared<DrafterModel>(drafter_path, target_path, mo);
+    init(opts);
+}
+
+Drafter::Drafter(std::shared_ptr<DrafterModel> model, const DrafterOptions & opts) : model_(std::move(model)) {
+    if (!model_) {
+        throw Error("the drafter to share weights with has no model");
+    }
+    if (opts.cache_type != GGML_TYPE_F16 && opts.cache_type != GGML_TYPE_F32) {
+        throw Error("cache type must be f16 or f32");
+    }
+    init(opts);
+}
+
+void Drafter::init(const DrafterOptions & opts) {
     cache_ = std::make_unique<DrafterCache>(*model_, opts.n_ctx, opts.cache_type);
     std::vector<ggml_context *> external = model_->weight_contexts();
     external.push_back(cache_->context());
@@ -240,6 +254,8 @@ std::string Drafter::info_json() const {
     w.field("cache_type", ggml_type_name(cache_->type()));
     w.field("target_head_mapped", model_->target_head_mapped());
     w.field("n_graph_builds", n_graph_builds_);
+    w.field("weights_address", static_cast<int64_t>(reinterpret_cast<intptr_t>(model_.get())));
+    w.field("weights_users", static_cast<int64_t>(model_.use_count()));  // drafters sharing these weights
     w.end_object();
     return w.str();
 }

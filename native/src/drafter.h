@@ -40,11 +40,15 @@ struct Proposal {
 class Drafter {
   public:
     Drafter(const std::string & drafter_path, const std::string & target_path, const DrafterOptions & opts);
+    // over a model another drafter loaded (its weights, device and threads);
+    // opts give the cache only. Drafters sharing a model run one at a time.
+    Drafter(std::shared_ptr<DrafterModel> model, const DrafterOptions & opts);
     ~Drafter();
     Drafter(const Drafter &) = delete;
     Drafter & operator=(const Drafter &) = delete;
 
     const DrafterModel & model() const { return *model_; }
+    std::shared_ptr<DrafterModel> shared_model() const { return model_; }
     const DrafterHParams & hparams() const { return model_->hparams(); }
     const DrafterCache & cache() const { return *cache_; }
     int feature_width() const { return static_cast<int>(hparams().target_layers.size() * hparams().n_embd); }
@@ -72,7 +76,9 @@ class Drafter {
     void compute(DrafterGraph & g, const std::function<void()> & set_inputs);
     void fill_mask(std::vector<uint16_t> & mask, int n_kv, const int32_t * q_pos, int n, bool swa) const;
 
-    std::unique_ptr<DrafterModel> model_;
+    void init(const DrafterOptions & opts);
+
+    std::shared_ptr<DrafterModel> model_;
     std::unique_ptr<DrafterCache> cache_;
     std::unique_ptr<DrafterSched> sched_;
     std::unique_ptr<DrafterGraph> graph_;  // the last graph built (see drafter_sched.h for why only one)

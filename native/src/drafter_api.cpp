@@ -44,6 +44,17 @@ extern "C" pdf2_drafter * pdf2_drafter_new(const char * drafter_path, const char
     });
 }
 
+extern "C" pdf2_drafter * pdf2_drafter_new_sharing(const pdf2_drafter * other, uint32_t n_ctx, int32_t cache_f32) {
+    return pdf2::guarded<pdf2_drafter *>(nullptr, [&] {
+        pdf2::DrafterOptions opts;
+        opts.n_ctx = n_ctx;
+        opts.cache_type = cache_f32 ? GGML_TYPE_F32 : GGML_TYPE_F16;
+        auto h = std::make_unique<pdf2_drafter>();
+        h->impl = std::make_unique<pdf2::Drafter>(get(other).shared_model(), opts);
+        return h.release();
+    });
+}
+
 extern "C" void pdf2_drafter_free(pdf2_drafter * d) { delete d; }
 
 extern "C" char * pdf2_drafter_hparams_json(const pdf2_drafter * d) {

@@ -7,8 +7,9 @@
 
 The native engine owns one target context with n_slots sequences (one per
 slot) and verifies every busy slot's block in a single llama_decode. Each slot
-has its own drafter (its K/V cache holds that slot's context). The Llama object
-here only tokenizes and renders chat templates (its own context stays tiny).
+has its own drafter (its K/V cache holds that slot's context), all over one
+copy of the drafter's weights. The Llama object here only tokenizes and
+renders chat templates (its own context stays tiny).
 Not thread-safe: one thread (the scheduler) drives it.
 """
 
@@ -87,10 +88,10 @@ class BatchEngine:
         self.n_max: int | str = n_max if draft is not None else 0
         self.drafters: list[Drafter] = []
         if draft is not None and n_max != 0:
-            self.drafters = [
-                Drafter(draft, self.model_path, n_ctx=self.n_ctx, n_threads=threads, device=device)
-                for _ in range(self.n_slots)
-            ]
+            # one copy of the weights; each slot its own cache (its sequence's context)
+            first = Drafter(draft, self.model_path, n_ctx=self.n_ctx, n_threads=threads, device=device)
+            self.drafters = [first] + [Drafter.sharing_weights(first, n_ctx=self.n_ctx)
+                                       for _ in range(self.n_slots - 1)]
         model_addr = ctypes.cast(self.llm._model.model, ctypes.c_void_p).value
         handles = ffi.new("pdf2_drafter *[]", [d._h for d in self.drafters] or [ffi.NULL])
         handle = lib.pdf2_batch_engine_new(
