@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -294,6 +295,7 @@ def main() -> int:
     ap.add_argument("--measure-delta", action="store_true")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the servers
 
     if args.max_tokens:
         MAX_TOKENS[:] = [int(x) for x in args.max_tokens.split(",")]

@@ -351,6 +351,21 @@ def test_metrics_parse_and_move(client: openai.OpenAI, server: ServerProcess, ll
     assert after[(p + "num_slots", ())] == 4
 
 
+def test_prefix_cache_reuses_a_slots_prompt(client: openai.OpenAI, server: ServerProcess, llm) -> None:
+    # every slot is idle: both requests go to slot 0, and the second prefills only its last prompt token
+    prompt = "A small drafter learned to guess"
+    kw = dict(model=MODEL_ID, prompt=prompt, max_tokens=6, temperature=0, extra_body={"return_token_ids": True})
+    first = client.completions.create(**kw)
+    before = metrics(server.url, AUTH)
+    second = client.completions.create(**kw)
+    after = metrics(server.url, AUTH)
+    n = len(raw_tokens(llm, prompt))
+    hits = after[("pydflash2:prefix_cache_hits_total", ())] - before[("pydflash2:prefix_cache_hits_total", ())]
+    queries = after[("pydflash2:prefix_cache_queries_total", ())] - before[("pydflash2:prefix_cache_queries_total", ())]
+    assert (hits, queries) == (n - 1, n)
+    assert second.choices[0].model_extra["token_ids"] == first.choices[0].model_extra["token_ids"]
+
+
 def test_busy_slots_gauge_during_load(client: openai.OpenAI, server: ServerProcess) -> None:
     # Four concurrent streams of 450 tokens (about 0.6 s each here on an idle machine, slower under load):
     # they share the slots, so the gauge must show several busy at once. Short requests (16 tokens, 40 ms)

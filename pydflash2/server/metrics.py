@@ -19,6 +19,7 @@ _ENGINE_COUNTERS = {
     "n_accepted": "num_accepted_tokens",
     "draft_s": "draft_seconds",
     "decode_s": "verify_seconds",
+    "n_prompt_reused": "prefix_cache_hits",
 }
 
 
@@ -40,6 +41,12 @@ class ServerMetrics:
         self.verify_seconds = Counter(p + "spec_decode_verify_seconds",
                                       "Seconds spent in target decodes (verify rows and prompt chunks)", registry=r)
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens processed", registry=r)
+        # vLLM's names, in tokens: a slot keeps its last request's K/V, and the next prompt there
+        # is prefilled from the first token where it differs (a shared system prompt is not recomputed)
+        self.prefix_cache_queries = Counter(p + "prefix_cache_queries", "Prompt tokens looked up in a slot's cache",
+                                            registry=r)
+        self.prefix_cache_hits = Counter(p + "prefix_cache_hits", "Prompt tokens found in a slot's cache (not "
+                                         "prefilled)", registry=r)
         self.generation_tokens = Counter(p + "generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter(p + "requests", "Requests by final status "
                                 "(success, aborted = client gone, rejected = queue full, invalid = 4xx, error)",
@@ -72,6 +79,9 @@ class ServerMetrics:
             delta = stats[key] - last[key]
             if delta > 0:
                 getattr(self, attr).inc(delta)
+        queried = stats["n_prompt"] + stats["n_prompt_reused"] - last["n_prompt"] - last["n_prompt_reused"]
+        if queried > 0:
+            self.prefix_cache_queries.inc(queried)
         for pos, (now, before) in enumerate(zip(stats["accepted_per_position"], last["accepted_per_position"],
                                                 strict=True)):
             if now > before:
