@@ -81,12 +81,22 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+_STARTED: list[Server] = []  # stopped on SIGTERM (in-flight client threads would delay `finally`)
+
+
+def _stop_all_and_exit(*_: object) -> None:
+    for s in _STARTED:
+        s.proc.kill()
+    os._exit(143)
+
+
 class Server:
     def __init__(self, name: str, cmd: list[str], port: int, ready_path: str, log_dir: Path) -> None:
         self.name, self.port = name, port
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(log_dir / f"{name.replace(' ', '_')}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=log_dir)
+        _STARTED.append(self)
         deadline = time.monotonic() + 1800  # n_max auto measures costs on first start
         while True:
             if self.proc.poll() is not None:
@@ -295,7 +305,7 @@ def main() -> int:
     ap.add_argument("--measure-delta", action="store_true")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the servers
+    signal.signal(signal.SIGTERM, _stop_all_and_exit)
 
     if args.max_tokens:
         MAX_TOKENS[:] = [int(x) for x in args.max_tokens.split(",")]
