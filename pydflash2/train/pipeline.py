@@ -98,8 +98,11 @@ def run(opts: TrainOptions) -> dict:
         prompts = prompts[: opts.max_prompts]
     if not prompts:
         raise ValueError(f"{opts.prompts} holds no prompt")
-    log(f"target {opts.target.name}: {info.n_layer} layers, H={info.n_embd}, vocab {info.n_vocab}; "
-        f"taps (HF ids) {taps}; MASK = {info.mask_token!r} (id {info.mask_token_id})")
+    from ..capture import capture_path
+
+    log(f"target {opts.target.name}: {info.arch}, {info.n_layer} layers, H={info.n_embd}, vocab {info.n_vocab}; "
+        f"taps (HF ids) {taps} through the {capture_path(info.arch)} capture path; "
+        f"MASK = {info.mask_token!r} (id {info.mask_token_id})")
 
     t0 = time.monotonic()
     data_dir = out / "data"
