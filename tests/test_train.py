@@ -250,6 +250,18 @@ def test_engine_evaluation_in_the_summary(run_dir: Path, hot_target: Path, capsy
     assert ev["acceptance_per_position"][0] == pytest.approx(accepted[0] / drafted[0])
 
 
+def test_eval_options_are_checked_before_anything_runs(hot_target: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    base = ["train", "--target", str(hot_target), "--out", str(out)]
+    for extra, needle in [(["--eval-prompts", "-1"], "--eval-prompts must be >= 0"),
+                          (["--eval-max-tokens", "0"], "--eval-max-tokens must be >= 1"),
+                          (["--eval-file", str(tmp_path / "nope.txt")], "--eval-file"),
+                          (["--device", "CUDA7"], "unknown device 'CUDA7'")]:
+        assert cli_main([*base, *extra]) == 2
+        assert needle in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_train_on_a_target_without_layer_taps(tmp_path: Path) -> None:
     """gemma3 has no layer-input taps in the pinned llama.cpp: distillation captures its
     features through the graph evaluation callback. The dataset rows equal a fresh
