@@ -4,6 +4,7 @@
 #include "json_writer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -41,6 +42,12 @@ DrafterGraph & Drafter::graph_for(const GraphKey & key) {
     if (graph_ && graph_key_ == key && sched_->held() == graph_.get()) {
         return *graph_;  // allocated, inputs in place: runs again as is
     }
+    const auto t0 = std::chrono::steady_clock::now();
+    struct AddSetupTime {  // also when building or allocating throws
+        double & total;
+        std::chrono::steady_clock::time_point t0;
+        ~AddSetupTime() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+    } add_setup_time{graph_setup_s_, t0};
     sched_->release();
     if (graph_ && reuse_split_graphs_) stale_graphs_.emplace_back(graph_key_, std::move(graph_));
     graph_.reset();

@@ -59,6 +59,11 @@ class Drafter {
 
     std::string info_json() const;
 
+    // Seconds spent building and allocating graphs (inside inject/propose), and how many were built:
+    // the engine reports them as their own phase of a step.
+    double graph_setup_seconds() const { return graph_setup_s_; }
+    uint64_t n_graph_builds() const { return n_graph_builds_; }
+
   private:
     // the shape a graph is built for: inject of n rows, or propose of n over n_kv
     struct GraphKey {
@@ -78,6 +83,7 @@ class Drafter {
     std::unique_ptr<DrafterGraph> graph_;  // the last graph built (see drafter_sched.h for why only one)
     GraphKey graph_key_;
     uint64_t n_graph_builds_ = 0;
+    double graph_setup_s_ = 0;
     // test hook (PYDFLASH2_DEBUG_REUSE_SPLIT_GRAPHS=1): keep split graphs and
     // reuse them in later schedules, the bug DrafterSched::check must catch
     bool reuse_split_graphs_ = false;

@@ -21,6 +21,19 @@ _ENGINE_COUNTERS = {
     "decode_s": "verify_seconds",
 }
 
+# per-phase breakdown of the engine's steps: stats key -> (metric suffix, help)
+_PHASES = {
+    "n_steps": ("num_steps", "Target decodes (engine steps and prompt chunks)"),
+    "inject_s": ("inject_seconds", "Seconds in feature copies and drafter inject graphs"),
+    "propose_s": ("propose_seconds", "Seconds in drafter propose graphs (with the lattice read-back)"),
+    "walk_s": ("walk_seconds", "Seconds walking the drafter's proposals into drafts"),
+    "graph_setup_s": ("graph_setup_seconds", "Seconds building and allocating drafter graphs"),
+    "verify_decode_s": ("verify_decode_seconds", "Seconds in target decodes of verify rows"),
+    "prefill_decode_s": ("prefill_decode_seconds", "Seconds in target decodes of prompt chunks"),
+    "verify_logic_s": ("verify_logic_seconds", "Seconds accepting drafts and rolling back the target cache"),
+    "step_s": ("step_seconds", "Seconds in engine steps (all native phases)"),
+}
+
 
 class ServerMetrics:
     """One registry per server. The scheduler thread calls the update methods;
@@ -39,6 +52,10 @@ class ServerMetrics:
         self.draft_seconds = Counter(p + "spec_decode_draft_seconds", "Seconds spent drafting", registry=r)
         self.verify_seconds = Counter(p + "spec_decode_verify_seconds",
                                       "Seconds spent in target decodes (verify rows and prompt chunks)", registry=r)
+        self.phases = {key: Counter(p + "spec_decode_" + suffix, doc, registry=r)
+                       for key, (suffix, doc) in _PHASES.items()}
+        self.python_seconds = Counter(p + "spec_decode_python_seconds",
+                                      "Seconds the scheduler thread spends in Python around engine steps", registry=r)
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens processed", registry=r)
         self.generation_tokens = Counter(p + "generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter(p + "requests", "Requests by final status "
@@ -72,6 +89,10 @@ class ServerMetrics:
             delta = stats[key] - last[key]
             if delta > 0:
                 getattr(self, attr).inc(delta)
+        for key, counter in self.phases.items():
+            delta = stats[key] - last[key]
+            if delta > 0:
+                counter.inc(delta)
         for pos, (now, before) in enumerate(zip(stats["accepted_per_position"], last["accepted_per_position"],
                                                 strict=True)):
             if now > before:
