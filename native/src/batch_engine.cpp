@@ -242,12 +242,16 @@ void BatchEngine::draft(Slot & s, int n) {
     if (n <= 0) {
         return;
     }
-    flush_rows(s);
     const auto t0 = Clock::now();
     const bool greedy = s.sampler->params().greedy();
     const double setup0 = s.drafter->graph_setup_seconds();
     const uint64_t builds0 = s.drafter->n_graph_builds();
-    s.drafter->propose(s.anchor, s.pos, n + 1);
+    // the rows committed since the last block are injected by the same graph that proposes
+    s.drafter->inject_and_propose(s.queued_features.data(), static_cast<size_t>(target_.feature_width()),
+                                  s.queued_positions.data(), static_cast<int>(s.queued_positions.size()), s.anchor,
+                                  s.pos, n + 1);
+    s.queued_features.clear();
+    s.queued_positions.clear();
     const double setup = s.drafter->graph_setup_seconds() - setup0;
     stats_.graph_setup_s += setup;
     stats_.n_graph_builds += static_cast<int64_t>(s.drafter->n_graph_builds() - builds0);

@@ -142,8 +142,11 @@ llama_token SpecEngine::begin(const std::vector<llama_token> & prompt, const Sam
         sampler_->distribution(logits, p);
         first = sampler_->draw(p);
     }
-    stats_.prefill_s = seconds_since(t0) - stats_.inject_s;  // feature copies count as inject
-    inject_in_begin_s_ = stats_.inject_s;
+    if (opts_.n_max != 0) {
+        flush_rows();  // the prompt's rows go into the drafter with the prefill (as upstream's prefill does)
+    }
+    stats_.prefill_s = seconds_since(t0) - stats_.inject_s - stats_.graph_setup_s;  // those count as inject, setup
+    in_begin_s_ = stats_.inject_s + stats_.graph_setup_s;
     graph_builds0_ = drafter_ != nullptr ? drafter_->n_graph_builds() : 0;
     stats_.n_generated = 1;
     pos_ = n;
@@ -179,10 +182,14 @@ int SpecEngine::step(std::vector<llama_token> & out) {
     std::vector<llama_token> drafts;
     std::vector<SparseDist> q;
     if (n > 0) {
-        flush_rows();
         const auto t0 = Clock::now();
         const double setup0 = drafter_->graph_setup_seconds();
-        drafter_->propose(anchor_, pos_, n + 1);
+        // the rows committed since the last block are injected by the same graph that proposes
+        drafter_->inject_and_propose(queued_features_.data(), static_cast<size_t>(target_.feature_width()),
+                                     queued_positions_.data(), static_cast<int>(queued_positions_.size()), anchor_,
+                                     pos_, n + 1);
+        queued_features_.clear();
+        queued_positions_.clear();
         const double setup = drafter_->graph_setup_seconds() - setup0;
         stats_.graph_setup_s += setup;
         const auto t_walk = Clock::now();
@@ -323,7 +330,7 @@ std::string SpecEngine::stats_json() const {
     w.field("verify_logic_s", stats_.verify_logic_s);
     w.field("graph_setup_s", stats_.graph_setup_s);
     // inject during begin() (prompt features) lies outside step(): only the step's own share is subtracted
-    w.field("step_other_s", std::max(0.0, stats_.step_s - (in_phases - inject_in_begin_s_)));
+    w.field("step_other_s", std::max(0.0, stats_.step_s - (in_phases - in_begin_s_)));
     w.end_object();
     w.field("drafter_graph_builds",
             static_cast<int64_t>(drafter_ != nullptr ? drafter_->n_graph_builds() - graph_builds0_ : 0));

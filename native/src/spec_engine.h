@@ -94,7 +94,7 @@ class SpecEngine {
     std::vector<int32_t> queued_positions_;
     std::vector<float> feat_;
     std::vector<llama_token> batch_;
-    double inject_in_begin_s_ = 0;  // the part of stats_.inject_s spent in begin() (outside step())
+    double in_begin_s_ = 0;  // the inject + graph setup seconds spent in begin() (outside step())
     uint64_t graph_builds0_ = 0;    // the drafter's build count when the request began
 };
 
