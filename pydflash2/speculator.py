@@ -149,7 +149,8 @@ class Speculator:
                 draft,
                 self.llm.model_path,
                 n_ctx=self.llm.n_ctx(),
-                n_threads=self.llm.context_params.n_threads_batch,
+                # drafting is generation work: the threads plain decoding uses (see TargetRunner::decode)
+                n_threads=self.llm.context_params.n_threads,
                 device=device,
             )
         arch = str(self.llm.metadata.get("general.architecture", ""))

@@ -219,7 +219,7 @@ int SpecEngine::step(std::vector<llama_token> & out) {
     const auto t1 = Clock::now();
     batch_.assign(1, anchor_);
     batch_.insert(batch_.end(), drafts.begin(), drafts.end());
-    target_.decode(batch_.data(), static_cast<int32_t>(batch_.size()), pos_, n > 0);
+    target_.decode(batch_.data(), static_cast<int32_t>(batch_.size()), pos_, n > 0, /*generation =*/true);
     const auto t_logic = Clock::now();
     stats_.verify_decode_s += std::chrono::duration<double>(t_logic - t1).count();
     std::vector<const float *> rows(batch_.size());
@@ -279,7 +279,7 @@ void SpecEngine::measure_costs(int reps, std::vector<double> & verify_s, std::ve
         // interleave the sizes so that machine noise spreads evenly over them
         for (int b = 1; b <= max_b; ++b) {
             const auto t0 = Clock::now();
-            target_.decode(tokens.data(), b, pos_, b > 1);
+            target_.decode(tokens.data(), b, pos_, b > 1, /*generation =*/true);
             vt[static_cast<size_t>(b - 1)].push_back(seconds_since(t0));
             target_.truncate(pos_);
         }
