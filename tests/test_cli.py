@@ -136,6 +136,17 @@ def test_random_drafter_for_a_given_target(tmp_path, target_gguf) -> None:
     hp = inspect_drafter(tmp_path / "d" / "dflash2.gguf")
     assert hp["version"] == 2 and hp["n_embd"] == 64
     assert max(hp["target_layers"]) <= 3  # capturable inputs of the 4-layer target
+    # MASK is one of the target's unused special tokens, and the file runs in the loop
+    import gguf
+
+    from pydflash2.train.target import pick_mask_token
+
+    assert hp["mask_token_id"] == pick_mask_token(gguf.GGUFReader(str(target_gguf)))
+    r = _run("generate", "Once upon a time", "--model", str(target_gguf), "--draft",
+             str(tmp_path / "d" / "dflash2.gguf"),
+             "--max-tokens", "8", "--raw", "--n-max", "3", "--json", "--n-ctx", "256", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["tokens"]) == 8
     r = _run("random-drafter", str(tmp_path / "nope.gguf"), "-o", str(tmp_path / "x.gguf"), cwd=tmp_path)
     assert r.returncode == 2 and "not found" in r.stderr
 

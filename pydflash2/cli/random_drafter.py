@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..models import resolve_target
-    from ..testing import make_random_drafter_for, spec_for_target
+    from ..random_drafter import random_drafter_gguf, spec_for_target
 
     try:
         target = resolve_target(args.target)
@@ -35,6 +35,6 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    make_random_drafter_for(target, out, spec)
+    random_drafter_gguf(target, out, spec)
     print(f"wrote {out}: random DFlash{'2' if args.version == 2 else ''} drafter for {target}")
     return 0
