@@ -46,6 +46,7 @@ __all__ = [
     "capture_path",
     "tappable_layers",
     "target_arch",
+    "model_arch",
     "capturing_context",
 ]
 
@@ -202,7 +203,7 @@ class CapturingContext:
         model = self.context.model.model
         H = int(llama_cpp.llama_model_n_embd(model))
         n_layer = int(llama_cpp.llama_model_n_layer(model))
-        arch = _model_arch(model)
+        arch = model_arch(model)
         all_rows = any(int(lid) == n_layer for lid in layers)
         step = int(min(llama_cpp.llama_n_batch(self.ctx), llama_cpp.llama_n_ubatch(self.ctx)))
         toks = [int(t) for t in tokens]
@@ -225,7 +226,8 @@ class CapturingContext:
         return out
 
 
-def _model_arch(model: Any) -> str:
+def model_arch(model: Any) -> str:
+    """general.architecture of a loaded llama_model (ctypes pointer), or "" if absent."""
     import llama_cpp
 
     buf = ctypes.create_string_buffer(128)

@@ -177,8 +177,17 @@ def speculator_rpc_servers(target: str, drafter: str, endpoints: str, prompt: st
     return {"tokens": tokens, "devices": [d["name"] for d in native_info()["devices"]]}
 
 
+def train_eval(target: str, drafter: str, device: str, prompts: list[str], max_tokens: int) -> dict[str, Any]:
+    """`pydflash2 train`'s engine evaluation of a drafter, placed on `device`."""
+    from pydflash2.train.evaluate import evaluate_drafter
+
+    return evaluate_drafter(target, drafter, prompts, max_tokens=max_tokens, device=device, n_threads=1, n_ctx=512,
+                            chat=False)
+
+
 SCENARIOS = {
     "drafter_cycles": drafter_cycles,
+    "train_eval": train_eval,
     "speculate": speculate,
     "speculator_rpc_servers": speculator_rpc_servers,
     "device_errors": device_errors,
@@ -373,6 +382,33 @@ def test_cli_generate_with_rpc(rpc_servers, models, cpu_reference, tmp_path) -> 
     assert json.loads(r.stdout)["tokens"] == cpu_reference[PROMPTS[3]]
 
 
+def test_train_evaluation_on_rpc_equals_cpu(rpc_servers, models, cpu_reference) -> None:
+    """The engine evaluation `pydflash2 train` runs after the export, with the drafter on
+    RPC0: the CPU run's tokens (plain greedy's) and the same acceptance counts."""
+    args = dict(target=models["target"], drafter=models["v2"], prompts=PROMPTS, max_tokens=MAX_TOKENS)
+    rpc = run_client(rpc_servers, "train_eval", device="RPC0", **args)["result"]
+    cpu = train_eval(device="CPU", **args)
+    assert rpc["device"] == "RPC0" and cpu["device"] == "CPU"
+    assert rpc["tokens"] == cpu["tokens"] == [cpu_reference[p] for p in PROMPTS]
+    assert 0 < sum(rpc["accepted_per_position"]) < sum(rpc["drafted_per_position"])
+    assert {k: v for k, v in rpc.items() if k != "device"} == {k: v for k, v in cpu.items() if k != "device"}
+
+
+def test_cli_train_evaluates_on_the_rpc_device(rpc_servers, models, tmp_path) -> None:
+    pytest.importorskip("torch", reason="pydflash2[train] (torch) is not installed")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "pydflash2", "train", "--target", models["target"], "--out", str(out),
+           "--max-prompts", "4", "--max-new", "8", "--n-seq", "2", "--taps", "2", "--block-size", "4",
+           "--draft-vocab", "300", "--max-steps", "2", "--batch", "2", "--anchors", "4", "--top-k", "4", "--rank", "4",
+           "--outtype", "f16", "--threads", "1", "--eval-prompts", "2", "--eval-max-tokens", "8",
+           "--rpc", ",".join(rpc_servers), "--device", "RPC1"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    ev = json.loads((out / "summary.json").read_text())["eval"]
+    assert ev["device"] == "RPC1" and ev["prompts"] == 2 and len(ev["acceptance_per_position"]) == 3
+    assert "(drafter on RPC1): tau" in r.stderr
+
+
 # ---------------------------------------------------------------- errors (any build; nothing is registered)
 
 
@@ -401,6 +437,17 @@ def test_unknown_device_lists_the_devices(models) -> None:
     with pytest.raises(DrafterError, match=r"unknown device 'CUDA7'.*CPU \(cpu\)"):
         Drafter(models["v2"], models["target"], device="CUDA7")
     assert resolve_device("cpu") == "CPU"
+
+
+def test_cli_train_unknown_device_fails_before_training(models, tmp_path) -> None:
+    pytest.importorskip("torch", reason="pydflash2[train] (torch) is not installed")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "pydflash2", "train", "--target", models["target"], "--out", str(out),
+           "--device", "CUDA7"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and "unknown device 'CUDA7'" in r.stderr
+    assert not out.exists()  # nothing distilled or trained
 
 
 def test_cli_unknown_device_is_one_line(models, tmp_path) -> None:

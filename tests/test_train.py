@@ -50,7 +50,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory, hot_target: Path) -> Path:
     rc = cli_main(["train", "--target", str(hot_target), "--out", str(out), "--max-prompts", "16", "--max-new", "32",
                    "--n-seq", "4", "--taps", "3", "--layers", "1", "--block-size", "6", "--draft-vocab", "300",
                    "--max-steps", "60", "--max-minutes", "60", "--batch", "4", "--anchors", "8", "--lr", "3e-3",
-                   "--top-k", "4", "--rank", "8", "--outtype", "f16"])
+                   "--top-k", "4", "--rank", "8", "--outtype", "f16", "--eval-prompts", "4", "--eval-max-tokens", "24"])
     assert rc == 0
     return out
 
@@ -230,11 +230,83 @@ def test_trained_drafter_is_lossless_and_accepted(run_dir: Path, hot_target: Pat
     assert accepted > 0
 
 
+def test_engine_evaluation_in_the_summary(run_dir: Path, hot_target: Path, capsys) -> None:
+    """After the export, `pydflash2 train` measured the drafter in the engine on the first
+    4 held-out prompts, greedy, drafting its whole block: the summary holds what an
+    independent Speculator run of the same prompts counts."""
+    ev = json.loads((run_dir / "summary.json").read_text())["eval"]
+    assert (ev["prompts"], ev["max_tokens"], ev["device"], ev["n_max"]) == (4, 24, "CPU", 5)
+    drafted, accepted, forwards, generated = np.zeros(5, int), np.zeros(5, int), 0, 0
+    with Speculator(str(hot_target), run_dir / "drafter.gguf", n_ctx=2048, n_max=5, device="CPU") as spec:
+        for p in read_prompts(DEV_FILE)[:4]:
+            st = spec.generate(p, max_tokens=24, temperature=0.0).stats
+            drafted += st["drafted_per_position"]
+            accepted += st["accepted_per_position"]
+            forwards += st["n_steps"]
+            generated += st["n_generated"] - 1
+    assert ev["drafted_per_position"] == drafted.tolist() and ev["accepted_per_position"] == accepted.tolist()
+    assert ev["target_forwards"] == forwards and ev["tau"] == pytest.approx(generated / forwards)
+    assert ev["tau"] == pytest.approx(1 + accepted.sum() / forwards)  # each forward commits accepted + 1
+    assert ev["acceptance_per_position"][0] == pytest.approx(accepted[0] / drafted[0])
+
+
+def test_eval_options_are_checked_before_anything_runs(hot_target: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    base = ["train", "--target", str(hot_target), "--out", str(out)]
+    for extra, needle in [(["--eval-prompts", "-1"], "--eval-prompts must be >= 0"),
+                          (["--eval-max-tokens", "0"], "--eval-max-tokens must be >= 1"),
+                          (["--eval-file", str(tmp_path / "nope.txt")], "--eval-file"),
+                          (["--device", "CUDA7"], "unknown device 'CUDA7'")]:
+        assert cli_main([*base, *extra]) == 2
+        assert needle in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_train_on_a_target_without_layer_taps(tmp_path: Path) -> None:
+    """gemma3 has no layer-input taps in the pinned llama.cpp: distillation captures its
+    features through the graph evaluation callback. The dataset rows equal a fresh
+    capture of each sequence, and the trained drafter runs losslessly in the engine."""
+    from lossless import check_greedy
+    from lossless import plain_greedy as plain_run
+
+    from pydflash2 import capture, exactness
+
+    target = testing.make_target_gguf(tmp_path / "gemma3.gguf", testing.TargetSpec(arch="gemma3", hot_tokens=HOT))
+    assert capture.capture_path(read_target(target).arch) == "callback"
+    out = tmp_path / "run"
+    assert cli_main(["train", "--target", str(target), "--out", str(out), "--max-prompts", "6", "--max-new", "16",
+                     "--n-seq", "3", "--taps", "3", "--block-size", "6", "--draft-vocab", "300", "--max-steps", "10",
+                     "--batch", "4", "--anchors", "8", "--top-k", "4", "--rank", "8", "--outtype", "f16",
+                     "--eval-prompts", "2", "--eval-max-tokens", "16", "--device", "CPU"]) == 0
+    data = Dataset(out / "data")
+    assert len(data) == 6
+    layers = [i + 1 for i in data.meta["target_layer_ids"]]
+    llm = llama_cpp.Llama(str(target), n_ctx=512, n_batch=512, verbose=False)
+    cc = capture.capturing_context(llm)
+    try:
+        for i in range(len(data)):
+            tokens, feats, _ = data.sequence(i)
+            ref = cc.features([int(t) for t in tokens[:-1]], layers)
+            cc.context.kv_cache_clear()
+            # f16 storage; several sequences per decode round a little unlike one alone
+            np.testing.assert_allclose(feats[:-1], ref, rtol=2e-2, atol=2e-2)
+            assert not feats[-1].any()  # the last token never ran through the target
+    finally:
+        cc.close()
+    assert json.loads((out / "summary.json").read_text())["eval"]["device"] == "CPU"
+    exact = exactness.llama_invariance(llm).batch_invariant
+    with Speculator(llm, out / "drafter.gguf", n_max=5) as spec:
+        assert spec.capture_path == "callback"
+        for p in read_prompts(DEV_FILE)[:4]:
+            toks = spec.tokenize_prompt(p)
+            check_greedy(spec.generate(toks, max_tokens=24).tokens, plain_run(llm, toks, 24), exact=exact, what=p)
+
+
 def test_resume_continues_from_the_checkpoint(run_dir: Path, hot_target: Path, capsys) -> None:
     before = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
     args = ["train", "--target", str(hot_target), "--out", str(run_dir), "--taps", "3", "--layers", "1",
             "--block-size", "6", "--draft-vocab", "300", "--max-minutes", "60", "--batch", "4", "--anchors", "8",
-            "--top-k", "4", "--rank", "8", "--outtype", "f16"]
+            "--top-k", "4", "--rank", "8", "--outtype", "f16", "--eval-prompts", "0"]
     assert cli_main([*args, "--max-steps", "70"]) == 2  # not empty, no --resume: refused, nothing touched
     assert "--resume" in capsys.readouterr().err
     assert cli_main([*args, "--max-steps", "70", "--resume"]) == 0
@@ -243,7 +315,8 @@ def test_resume_continues_from_the_checkpoint(run_dir: Path, hot_target: Path, c
     assert after["elapsed"] > before["elapsed"]
     assert after["config"]["draft_ids"] == before["config"]["draft_ids"]
     assert [e["step"] for e in after["log"] if "loss" in e][:3] == [e["step"] for e in before["log"] if "loss" in e][:3]
-    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 70
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 70 and "eval" not in summary  # --eval-prompts 0: no engine evaluation
 
 
 def test_sample_batch_labels_follow_the_anchor(tmp_path: Path) -> None:

@@ -145,7 +145,10 @@ char * pdf2_engine_stats_json(pdf2_engine * e);
  * (each slot keeps its context in its drafter's cache), or NULL/0 with
  * n_max = 0. n_threads (one-row decodes) / n_threads_batch (larger ones)
  * <= 0: llama.cpp's default. flash_attn: -1 auto,
- * 0 off, 1 on. Other options as for pdf2_engine_new. */
+ * 0 off, 1 on. Other options as for pdf2_engine_new. The drafters' features
+ * come through llama.cpp's layer-input taps, or, for an architecture without
+ * them (capture rule), through the capture callback the engine installs in
+ * its own context. */
 typedef struct pdf2_batch_engine pdf2_batch_engine;
 
 pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_t n_slots, int32_t n_ctx_slot, int32_t n_threads,

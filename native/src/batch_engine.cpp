@@ -20,7 +20,8 @@ constexpr uint32_t BATCH_ROWS = 512;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-llama_context * make_context(llama_model * model, const BatchEngineOptions & o) {
+// capture: installed as the graph evaluation callback (targets without layer-input taps), or null
+llama_context * make_context(llama_model * model, const BatchEngineOptions & o, CallbackCapture * capture) {
     if (model == nullptr) {
         throw Error("target model is NULL");
     }
@@ -54,6 +55,10 @@ llama_context * make_context(llama_model * model, const BatchEngineOptions & o) 
                         : o.flash_attn == 0 ? LLAMA_FLASH_ATTN_TYPE_DISABLED
                                             : LLAMA_FLASH_ATTN_TYPE_ENABLED;
     p.no_perf = true;
+    if (capture != nullptr) {
+        p.cb_eval = &CallbackCapture::eval_callback;
+        p.cb_eval_user_data = capture;
+    }
     llama_context * ctx = llama_init_from_model(model, p);
     if (ctx == nullptr) {
         throw Error("failed to create the target context (" + std::to_string(total) + " tokens, " +
@@ -72,7 +77,9 @@ std::vector<int32_t> feature_layers(const std::vector<Drafter *> & drafters, int
 }  // namespace
 
 BatchEngine::BatchEngine(llama_model * model, const std::vector<Drafter *> & drafters, const BatchEngineOptions & opts)
-    : opts_(opts), ctx_(make_context(model, opts)), target_(ctx_.get(), feature_layers(drafters, opts.n_max)) {
+    : opts_(opts),
+      ctx_(make_context(model, opts, capture_for(model, feature_layers(drafters, opts.n_max)))),
+      target_(ctx_.get(), feature_layers(drafters, opts.n_max), capture_for(model, feature_layers(drafters, opts.n_max))) {
     if (opts.n_max < -1) {
         throw Error("n_max must be >= 0, or -1 for adaptive");
     }
@@ -131,6 +138,13 @@ BatchEngine::BatchEngine(llama_model * model, const std::vector<Drafter *> & dra
 }
 
 BatchEngine::~BatchEngine() { llama_batch_free(batch_); }
+
+CallbackCapture * BatchEngine::capture_for(const llama_model * model, const std::vector<int32_t> & layers) {
+    if (model == nullptr || layers.empty() || capture_path(model_arch(model)) != CapturePath::Callback) {
+        return nullptr;  // no features wanted, or llama.cpp's own taps give them
+    }
+    return &capture_;
+}
 
 BatchEngine::Slot & BatchEngine::slot_at(int slot) {
     if (slot < 0 || slot >= n_slots()) {
@@ -289,14 +303,28 @@ void BatchEngine::add_row(llama_token token, int32_t pos, int seq, bool logits) 
 }
 
 void BatchEngine::decode_batch(bool prefill) {
+    // On the callback path the capture copies the batch's rows of every feature
+    // layer. A batch is one ubatch (at most n_ubatch rows; one sequence, or equal
+    // rows per sequence in slot order), so the graph's rows are the batch's rows in
+    // order, as with the taps; any other split fails check_complete's shape test.
+    const bool capturing = target_.capture_path() == CapturePath::Callback && !target_.feature_layers().empty();
+    if (capturing) {
+        capture_.arm(target_.feature_layers(), target_.n_embd(), batch_.n_tokens);
+    }
     const auto t0 = Clock::now();
     const int32_t rc = llama_decode(ctx_.get(), batch_);
     const double dt = seconds_since(t0);
     stats_.decode_s += dt;
     (prefill ? stats_.prefill_decode_s : stats_.verify_decode_s) += dt;
+    if (capturing) {
+        capture_.disarm();
+    }
     if (rc != 0) {
         throw Error("target llama_decode failed (code " + std::to_string(rc) + ") on a batch of " +
                     std::to_string(batch_.n_tokens) + " rows");
+    }
+    if (capturing) {
+        capture_.check_complete(target_.arch());
     }
     stats_.n_steps += 1;
     stats_.n_rows += batch_.n_tokens;
@@ -376,7 +404,7 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
         s.row0 = 0;
         for (int32_t j = 0; j < chunk; ++j) {
             const int32_t p = s.n_prefilled + j;
-            add_row(s.prompt[static_cast<size_t>(p)], p, i, j == left - 1);
+            add_row(s.prompt[static_cast<size_t>(p)], p, i, j == left - 1 || target_.outputs_all_rows());
         }
         s.n_rows = chunk;
         decode_batch(true);

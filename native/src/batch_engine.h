@@ -10,6 +10,7 @@
 
 #include "draft_length.h"
 #include "drafter.h"
+#include "feature_capture_callback.h"
 #include "target_runner.h"
 #include "target_sampling.h"
 
@@ -118,8 +119,11 @@ class BatchEngine {
     void finish_decode(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     void finish_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     Slot & slot_at(int slot);
+    // &capture_ when the target's features need the evaluation callback (no taps), else null
+    CallbackCapture * capture_for(const llama_model * model, const std::vector<int32_t> & layers);
 
     BatchEngineOptions opts_;
+    CallbackCapture capture_;  // the context's cb_eval user data: declared before ctx_, so it outlives it
     std::unique_ptr<llama_context, ContextDeleter> ctx_;  // declared before target_: freed after it
     TargetRunner target_;
     std::vector<Slot> slots_;

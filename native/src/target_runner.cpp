@@ -9,8 +9,6 @@
 
 namespace pdf2 {
 
-namespace {
-
 std::string model_arch(const llama_model * model) {
     char buf[128] = {0};
     if (llama_model_meta_val_str(model, "general.architecture", buf, sizeof(buf)) < 0) {
@@ -18,8 +16,6 @@ std::string model_arch(const llama_model * model) {
     }
     return buf;
 }
-
-}  // namespace
 
 TargetRunner::TargetRunner(llama_context * ctx, const std::vector<int32_t> & feature_layers, CallbackCapture * capture)
     : ctx_(ctx), layers_(feature_layers) {

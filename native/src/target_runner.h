@@ -20,6 +20,8 @@
 
 namespace pdf2 {
 
+std::string model_arch(const llama_model * model);  // general.architecture, or "" if absent
+
 class TargetRunner {
   public:
     // feature_layers: target layer INPUT indices to capture (dflash.target_layers); empty = none.
@@ -52,6 +54,10 @@ class TargetRunner {
     void release();  // stop capturing layer inputs (call while the context is alive)
 
     CapturePath capture_path() const { return path_; }
+    const std::vector<int32_t> & feature_layers() const { return layers_; }
+    // true when a captured layer exists only for rows that output logits (the last
+    // layer's output on the callback path): every row must then ask for logits
+    bool outputs_all_rows() const { return outputs_all_rows_; }
     const std::string & arch() const { return arch_; }
 
     int32_t n_ctx() const { return n_ctx_; }

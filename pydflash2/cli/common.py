@@ -58,16 +58,18 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     add_device_args(p)
 
 
-def add_device_args(p: argparse.ArgumentParser) -> None:
-    """--device (the drafter's), --rpc and --n-gpu-layers (the target's), spelled as llama-server spells them."""
+def add_device_args(p: argparse.ArgumentParser, *, target_layers: bool = True) -> None:
+    """--device (the drafter's), --rpc and --n-gpu-layers (the target's; target_layers=False
+    leaves it out), spelled as llama-server spells them."""
     p.add_argument("--device", default="auto",
                    help="ggml device for the drafter: auto (default: first GPU, else CPU), CPU, CUDA0, RPC0...")
     p.add_argument("--rpc", default=None, metavar="HOST:PORT[,...]",
                    help="ggml RPC servers to register as devices (RPC0, RPC1...) before loading; the target "
                         "splits across them with --n-gpu-layers. Trusted networks only: an RPC server runs "
                         "whatever its clients send")
-    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0,
-                   help="target layers to offload to the GPU/RPC devices (default 0; 99 = all)")
+    if target_layers:
+        p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0,
+                       help="target layers to offload to the GPU/RPC devices (default 0; 99 = all)")
 
 
 def setup_devices(args: argparse.Namespace) -> None:
@@ -77,7 +79,7 @@ def setup_devices(args: argparse.Namespace) -> None:
     try:
         if args.rpc:
             add_rpc_servers(args.rpc)
-        if getattr(args, "draft", None):
+        if getattr(args, "draft", None) or getattr(args, "eval_prompts", 0):
             resolve_device(args.device)
     except DeviceError as e:
         raise CliError(str(e)) from None

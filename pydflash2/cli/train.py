@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import CliError
+from .common import CliError, add_device_args, setup_devices
 
 NAME = "train"
 
@@ -17,6 +17,10 @@ memory-mapped). The drafter then learns to predict those continuations a
 block at a time. DIR ends up with hf/ (Hugging Face DFlash2 checkpoint),
 drafter.gguf (through pydflash2 convert), checkpoint.pt, train_log.jsonl and
 summary.json. Interrupted runs continue with --resume (same DIR).
+Finally the exported drafter runs in pydflash2's engine on --eval-prompts
+held-out prompts (greedy, its whole block drafted every step; --device places
+it): tau and the acceptance at each block position go to the log and to
+summary.json["eval"].
 Several GPUs: torchrun --nproc-per-node N -m pydflash2 train ... (DistributedDataParallel).
 """
 
@@ -54,6 +58,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="threads for llama.cpp and torch (default: theirs; on a busy machine 1 can be much faster)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue the run in DIR")
+    p.add_argument("--eval-prompts", type=int, default=8,
+                   help="held-out prompts to measure the exported drafter on in the engine (default 8; 0: skip)")
+    p.add_argument("--eval-max-tokens", type=int, default=64, help="tokens per evaluation prompt (default 64)")
+    p.add_argument("--eval-file", help="prompts for that evaluation, one per line (default: the built-in dev prompts)")
+    add_device_args(p, target_layers=False)
     p.set_defaults(run=run)
 
 
@@ -73,15 +82,23 @@ def run(args: argparse.Namespace) -> int:
     prompts = Path(args.prompts) if args.prompts else TRAIN_FILE
     if not prompts.is_file():
         raise CliError(f"--prompts: {prompts} not found")
-    for name in ("layers", "taps", "block_size", "rank", "top_k", "batch", "anchors"):
+    for name in ("layers", "taps", "block_size", "rank", "top_k", "batch", "anchors", "eval_max_tokens"):
         if getattr(args, name) < 1 or (name == "block_size" and args.block_size < 2):
             raise CliError(f"--{name.replace('_', '-')} must be {'>= 2' if name == 'block_size' else '>= 1'}")
+    if args.eval_prompts < 0:
+        raise CliError("--eval-prompts must be >= 0")
+    eval_file = Path(args.eval_file) if args.eval_file else None
+    if eval_file is not None and not eval_file.is_file():
+        raise CliError(f"--eval-file: {eval_file} not found")
+    if args.eval_prompts > 0:
+        setup_devices(args)  # an unknown --device fails now, not after training
     opts = TrainOptions(
         target=target, out=Path(args.out), prompts=prompts, layers=args.layers, taps=args.taps,
         block_size=args.block_size, draft_vocab=args.draft_vocab, version=args.version, n_ff=args.ffn,
         selector_rank=args.rank, selector_top_k=args.top_k, outtype=args.outtype, max_prompts=args.max_prompts,
         max_new=args.max_new, n_seq=args.n_seq, data_minutes=args.data_minutes, resume=args.resume,
-        threads=args.threads,
+        threads=args.threads, eval_prompts=args.eval_prompts, eval_max_tokens=args.eval_max_tokens,
+        eval_file=eval_file, device=args.device,
         settings={"max_minutes": args.max_minutes, "max_steps": args.max_steps, "batch_seqs": args.batch,
                   "anchors": args.anchors, "lr": args.lr, "gamma": args.gamma,
                   "checkpoint_minutes": args.checkpoint_minutes, "seed": args.seed, "threads": args.threads},

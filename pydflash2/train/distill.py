@@ -7,6 +7,12 @@ one llama.cpp context): a slot that finishes is written out and refilled with
 the next prompt's prefill in the next batch, so each decode stays wide enough
 to keep the cores busy. The KV cache is unified across sequences so llama.cpp
 keeps the batch in order and layer-input row r belongs to batch token r.
+
+Features come through the capture path the target's architecture needs
+(pydflash2.capture, one rule table with the engine): llama.cpp's layer-input
+taps where they exist, else the graph evaluation callback, installed in the
+context and armed around each decode. Both give the same rows (bit for bit on
+a llama target), so the dataset is the same whichever path made it.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from .. import capture as feature_capture
 from ..upstream import UpstreamError, ext, silence_logs
 from .dataset import DatasetWriter
 
@@ -59,7 +66,7 @@ class _Slot:
 
 
 class Distiller:
-    """One llama.cpp context on the target with layer-input capture at the taps."""
+    """One llama.cpp context on the target with layer-input capture (taps or callback)."""
 
     def __init__(self, target: str | Path, target_layer_ids: list[int], *, n_seq: int = 8, max_len: int = 512,
                  n_threads: int | None = None) -> None:
@@ -80,11 +87,19 @@ class Distiller:
         if not self.model:
             raise UpstreamError(f"cannot load target {target}")
         n_layer = int(lc.llama_model_n_layer(self.model))
-        bad = [i for i in self.layer_ids if not 0 <= i + 1 < n_layer]
+        self.arch = feature_capture.model_arch(self.model)
+        rule = feature_capture.capture_rule(self.arch, n_layer)
+        usable = rule.layers()  # layer INPUTS; HF id i is the input of layer i+1
+        bad = [i for i in self.layer_ids if i + 1 not in usable]
         if bad:
             lc.llama_model_free(self.model)
-            raise ValueError(f"target layer ids {bad} cannot be tapped: this target has {n_layer} layers, "
-                             f"usable ids are 0..{n_layer - 2} (id i taps the input of layer i+1)")
+            raise ValueError(f"target layer ids {bad} cannot be tapped: this {self.arch} target has {n_layer} layers, "
+                             f"usable ids are {usable.start - 1}..{usable.stop - 2} (id i taps the input of layer "
+                             f"i+1; {rule.path} capture)")
+        self.path = rule.path
+        # the callback sees the last layer's output only for rows that output logits
+        self.all_rows = self.path == "callback" and any(i + 1 == n_layer for i in self.layer_ids)
+        self.capture: feature_capture.CallbackCapture | None = None
         self.n_embd = int(lc.llama_model_n_embd(self.model))
         self.vocab = lc.llama_model_get_vocab(self.model)
         cp = lc.llama_context_default_params()
@@ -94,12 +109,16 @@ class Distiller:
         cp.kv_unified = True
         cp.n_threads = cp.n_threads_batch = n_threads or max(1, min(4, os.cpu_count() or 1))
         self.n_batch = int(cp.n_batch)
+        if self.path == "callback":
+            self.capture = feature_capture.CallbackCapture()
+            self.capture.install(cp)
         self.ctx = lc.llama_init_from_model(self.model, cp)
         if not self.ctx:
             lc.llama_model_free(self.model)
             raise UpstreamError("cannot create the target context")
-        for i in self.layer_ids:
-            ext.set_embeddings_layer_inp(self.ctx, i + 1, True)
+        if self.path == "tap":
+            for i in self.layer_ids:
+                ext.set_embeddings_layer_inp(self.ctx, i + 1, True)
         self.batch = lc.llama_batch_ext_init(self.ctx)
 
     def close(self) -> None:
@@ -126,6 +145,9 @@ class Distiller:
         H = self.n_embd
         out = np.empty((n, len(self.layer_ids) * H), dtype=np.float32)
         for k, lid in enumerate(self.layer_ids):
+            if self.capture is not None:
+                out[:, k * H : (k + 1) * H] = self.capture.rows(lid + 1)
+                continue
             ptr = ext.get_embeddings_layer_inp(self.ctx, lid + 1)
             if not ptr:
                 raise UpstreamError(f"target layer input {lid + 1} was not extracted")
@@ -141,10 +163,21 @@ class Distiller:
             if idx < 0:
                 raise UpstreamError(f"llama_batch_ext_add_token failed ({idx})")
             lc.llama_batch_ext_set_pos(self.batch, idx, (lc.llama_pos * 4)(pos, 0, 0, 0))
-            lc.llama_batch_ext_set_output_logits(self.batch, idx, out)
-        rc = lc.llama_process(self.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, self.batch)
+            lc.llama_batch_ext_set_output_logits(self.batch, idx, out or self.all_rows)
+        if self.capture is not None:  # one ubatch (n_batch = n_ubatch), rows in batch order
+            self.capture.arm([i + 1 for i in self.layer_ids], self.n_embd, len(items))
+        try:
+            rc = lc.llama_process(self.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, self.batch)
+        finally:
+            if self.capture is not None:
+                self.capture.disarm()
         if rc != 0:
             raise UpstreamError(f"llama_process returned {rc}")
+        if self.capture is not None:
+            try:
+                self.capture.check(self.arch)
+            except feature_capture.CaptureError as e:
+                raise UpstreamError(str(e)) from None
         feats = self._features(len(items))
         greedy = {}
         for i, (_, _, _, out) in enumerate(items):

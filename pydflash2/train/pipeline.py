@@ -3,7 +3,9 @@
 
 DIR layout: data/ (the dataset), checkpoint.pt, train_log.jsonl, hf/,
 drafter.gguf, summary.json. Every stage resumes: distillation skips prompts
-already in data/, training continues from checkpoint.pt.
+already in data/, training continues from checkpoint.pt. After the export the
+drafter is measured in the real engine on held-out prompts (evaluate.py):
+summary.json["eval"].
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ class TrainOptions:
     n_seq: int = 8
     data_minutes: float = 0.0  # 0: until every prompt is distilled
     threads: int = 0  # llama.cpp threads while distilling (0: its default)
+    eval_prompts: int = 8  # held-out prompts the exported drafter is measured on in the engine (0: none)
+    eval_max_tokens: int = 64
+    eval_file: Path | None = None  # None: the built-in dev prompts
+    device: str = "auto"  # where the drafter runs for that evaluation
     resume: bool = False
     progress: bool | None = None
     settings: dict = field(default_factory=dict)  # TrainSettings overrides
@@ -92,8 +98,11 @@ def run(opts: TrainOptions) -> dict:
         prompts = prompts[: opts.max_prompts]
     if not prompts:
         raise ValueError(f"{opts.prompts} holds no prompt")
-    log(f"target {opts.target.name}: {info.n_layer} layers, H={info.n_embd}, vocab {info.n_vocab}; "
-        f"taps (HF ids) {taps}; MASK = {info.mask_token!r} (id {info.mask_token_id})")
+    from ..capture import capture_path
+
+    log(f"target {opts.target.name}: {info.arch}, {info.n_layer} layers, H={info.n_embd}, vocab {info.n_vocab}; "
+        f"taps (HF ids) {taps} through the {capture_path(info.arch)} capture path; "
+        f"MASK = {info.mask_token!r} (id {info.mask_token_id})")
 
     t0 = time.monotonic()
     data_dir = out / "data"
@@ -139,4 +148,15 @@ def run(opts: TrainOptions) -> dict:
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     log(f"wrote {hf} and {gguf_path} ({summary['gguf_mib']} MiB); "
         f"val ce {summary.get('val_ce', float('nan')):.3f}, est. tau {summary.get('val_tau_est', float('nan')):.2f}")
+    if opts.eval_prompts > 0:
+        from .evaluate import describe, eval_prompts, evaluate_drafter
+        from .prompts import DEV_FILE
+
+        t2 = time.monotonic()
+        result = evaluate_drafter(opts.target, gguf_path, eval_prompts(opts.eval_file or DEV_FILE, opts.eval_prompts),
+                                  max_tokens=opts.eval_max_tokens, device=opts.device, n_threads=opts.threads or None)
+        summary["eval"] = {k: v for k, v in result.items() if k != "tokens"}
+        summary["eval"]["seconds"] = round(time.monotonic() - t2, 1)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        log(describe(result))
     return summary
