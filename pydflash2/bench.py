@@ -93,8 +93,14 @@ def run_bench(cfg: BenchConfig) -> int:
         width = len(stats[0]["drafted_per_position"])
         drafted = np.sum([s["drafted_per_position"] for s in stats], axis=0) if width else []
         accepted = np.sum([s["accepted_per_position"] for s in stats], axis=0) if width else []
+        phases = {k: float(sum(s["phases"][k] for s in stats)) for k in stats[0]["phases"]}
         results.append({
             "n_max": n_max, "selector": sel, "temperature": temp, "runs": len(stats),
+            # where the time went, summed over the runs (seconds; n_steps: target forwards), and per step
+            "phases": phases,
+            "phase_ms_per_step": {k[:-2]: 1e3 * v / max(phases["n_steps"], 1) for k, v in phases.items()
+                                  if k.endswith("_s")},
+            "total_s": float(sum(s["total_s"] for s in stats)),
             "tokens_per_second": tokens / max(decode_s, 1e-9),
             # committed per target forward, counted by the engine (tokens cut by EOS/stop included)
             "tau": sum(s["n_generated"] - 1 for s in stats) / max(steps, 1),
@@ -128,6 +134,18 @@ def _print_table(results: list[dict[str, Any]]) -> None:
     for r in results:
         acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["acceptance_per_position"])
         print(f"{_label(r):<34} {r['tokens_per_second']:9.1f} {r['tau']:6.2f} {r['speedup_vs_plain']:8.2f}x  {acc}")
+    print_phases(results, _label)
+
+
+PHASE_COLUMNS = ("inject", "propose", "walk", "graph_setup", "verify_decode", "verify_logic", "step_other", "python")
+
+
+def print_phases(rows: list[dict[str, Any]], label: Any) -> None:
+    """Per-step milliseconds of each phase (rows carry phase_ms_per_step, as bench results do)."""
+    print(f"{'ms per step':<34} " + " ".join(f"{c[:9]:>9}" for c in PHASE_COLUMNS))
+    for r in rows:
+        ms = r["phase_ms_per_step"]
+        print(f"{label(r):<34} " + " ".join(f"{ms.get(c, 0.0):9.2f}" for c in PHASE_COLUMNS))
 
 
 def _plot(results: list[dict[str, Any]], out_dir: Path) -> None:

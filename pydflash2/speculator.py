@@ -154,7 +154,8 @@ class Speculator:
                 draft,
                 self.llm.model_path,
                 n_ctx=self.llm.n_ctx(),
-                n_threads=self.llm.context_params.n_threads_batch,
+                # drafting is generation work: the threads plain decoding uses (see TargetRunner::decode)
+                n_threads=self.llm.context_params.n_threads,
                 device=device,
             )
         arch = str(self.llm.metadata.get("general.architecture", ""))
@@ -309,6 +310,10 @@ class Speculator:
         t_start = time.perf_counter()
         first = self._begin(tokens, float(temperature), int(top_k), float(top_p), float(min_p), int(seed))
         ttft = time.perf_counter() - t_start
+        # the Python side of the request: everything between native calls (text, stop strings,
+        # EOS checks, the consumer of this generator), summed interval by interval
+        python_s = 0.0
+        t_native_done = time.perf_counter()
         text = TextStream(self._token_bytes, stops)
         out: list[int] = []
         finish = "length"
@@ -330,7 +335,9 @@ class Speculator:
                     finish = "length"
                     break
             else:
+                python_s += time.perf_counter() - t_native_done
                 pending = self._step()
+                t_native_done = time.perf_counter()
                 if pending:
                     continue
                 finish = "context"
@@ -339,9 +346,10 @@ class Speculator:
         if tail:
             yield tail
         elapsed = time.perf_counter() - t_start
+        python_s += elapsed - (t_native_done - t_start)
         self.llm.reset()
         self.last = Completion(text=text.text, tokens=out, finish_reason=finish,
-                               stats=self._stats(len(out), ttft, elapsed))
+                               stats=self._stats(len(out), ttft, elapsed, python_s))
 
     def generate(self, prompt: str | Sequence[int] | Sequence[dict[str, str]], **kwargs: Any) -> Completion:
         """Runs stream() to the end and returns the Completion."""
@@ -350,8 +358,10 @@ class Speculator:
         assert self.last is not None
         return self.last
 
-    def _stats(self, n_tokens: int, ttft: float, elapsed: float) -> dict[str, Any]:
+    def _stats(self, n_tokens: int, ttft: float, elapsed: float, python_s: float) -> dict[str, Any]:
         s = self.engine_stats()
+        # per-phase breakdown: the native phases plus the Python side; they sum to at most total_s
+        s["phases"]["python_s"] = python_s
         hist = s["n_max_histogram"]
         decode_s = max(elapsed - ttft, 1e-9)
         s.update(

@@ -71,6 +71,10 @@ def test_generate_json_matches_plain_greedy(tmp_path, target_gguf, drafter2_gguf
     assert {"tau", "n_max", "tokens_per_second", "ttft_s", "draft_s", "verify_s", "drafted_per_position",
             "accepted_per_position"} <= set(out["stats"])
     assert out["finish_reason"] == "length" and len(out["tokens"]) == 16
+    phases = out["stats"]["phases"]
+    assert {"n_steps", "inject_s", "propose_s", "walk_s", "verify_decode_s", "verify_logic_s",
+            "python_s"} <= set(phases)
+    assert sum(v for k, v in phases.items() if k.endswith("_s")) <= out["stats"]["total_s"]
     from lossless import check_greedy, plain_greedy
 
     from pydflash2 import exactness
@@ -115,6 +119,10 @@ def test_bench_writes_json_plots_and_ratios(tmp_path, target_gguf, drafter2_gguf
         assert x["runs"] == 2 and x["tokens_per_second"] > 0
         if x["n_max"] == 0:
             assert x["speedup_vs_plain"] == 1.0
+        phases = x["phases"]
+        assert phases["n_steps"] > 0 and all(v >= 0 for v in phases.values())
+        assert sum(v for k, v in phases.items() if k.endswith("_s")) <= x["total_s"]
+        assert x["phase_ms_per_step"]["verify_decode"] > 0
     assert (out_dir / "throughput.png").stat().st_size > 1000
     assert (out_dir / "acceptance.png").stat().st_size > 1000
     assert "vs plain" in r.stdout

@@ -346,6 +346,17 @@ def test_metrics_parse_and_move(client: openai.OpenAI, server: ServerProcess, ll
     assert moved(p + "time_per_output_token_seconds_count") == 1
     assert moved(p + "spec_decode_draft_seconds_total") > 0
     assert moved(p + "spec_decode_verify_seconds_total") > 0
+    # per-phase breakdown of the engine's steps
+    phases = ("inject", "propose", "walk", "graph_setup", "verify_decode", "prefill_decode", "verify_logic")
+    moves = {ph: moved(p + f"spec_decode_{ph}_seconds_total") for ph in phases}
+    assert all(v >= 0 for v in moves.values()), moves
+    assert moves["propose"] > 0 and moves["verify_decode"] > 0 and moves["prefill_decode"] > 0
+    step_s = moved(p + "spec_decode_step_seconds_total")
+    assert sum(moves.values()) <= step_s + 1e-6
+    assert moved(p + "spec_decode_verify_seconds_total") == pytest.approx(
+        moves["verify_decode"] + moves["prefill_decode"], rel=1e-6, abs=1e-9)
+    assert moved(p + "spec_decode_num_steps_total") > 0
+    assert moved(p + "spec_decode_python_seconds_total") > 0
     assert after[(p + "num_requests_running", ())] == 0
     assert after[(p + "num_requests_waiting", ())] == 0
     assert after[(p + "num_slots", ())] == 4

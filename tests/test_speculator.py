@@ -250,6 +250,34 @@ def test_stats_are_reported(models, llm) -> None:
     assert all(a <= d for a, d in zip(s["accepted_per_position"], s["drafted_per_position"], strict=True))
 
 
+PHASES = ("prefill_s", "inject_s", "propose_s", "walk_s", "graph_setup_s", "verify_decode_s", "verify_logic_s",
+          "step_other_s", "python_s")
+
+
+@pytest.mark.parametrize("n_max, temperature", [(3, 0.0), (3, 0.8), (0, 0.0)])
+def test_phase_breakdown_partitions_the_request(models, llm, n_max, temperature) -> None:
+    with Speculator(llm, models["v2"], n_max=n_max) as spec:
+        spec.generate("Hello", max_tokens=8, chat=False)  # graphs built once, as in any later request
+        out = spec.generate("Once upon a time", max_tokens=40, chat=False, temperature=temperature, seed=3)
+    s = out.stats
+    p = s["phases"]
+    assert set(p) == {"n_steps", *PHASES}
+    assert p["n_steps"] == s["n_steps"] > 0
+    assert all(p[k] >= 0.0 for k in PHASES), p
+    total = sum(p[k] for k in PHASES)
+    # measured separately, the phases fit inside the request's wall time and cover most of it
+    assert total <= s["total_s"] + 1e-6, (total, s["total_s"])
+    assert total >= 0.8 * s["total_s"], (total, s["total_s"], p)
+    assert p["verify_decode_s"] > 0 and p["prefill_s"] > 0
+    if n_max == 0:
+        assert p["propose_s"] == p["walk_s"] == p["inject_s"] == p["graph_setup_s"] == 0.0
+    else:
+        assert p["propose_s"] > 0 and p["inject_s"] > 0
+        # the older draft/verify totals are sums of phases
+        assert s["draft_s"] >= p["propose_s"] + p["walk_s"] - 1e-9
+        assert s["verify_s"] == pytest.approx(p["verify_decode_s"] + p["verify_logic_s"], rel=1e-6, abs=1e-6)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

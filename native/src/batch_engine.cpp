@@ -285,11 +285,16 @@ void BatchEngine::flush_rows(Slot & s) {
         return;
     }
     const auto t0 = Clock::now();
+    const double setup0 = s.drafter->graph_setup_seconds();
+    const uint64_t builds0 = s.drafter->n_graph_builds();
     s.drafter->inject(s.queued_features.data(), static_cast<size_t>(target_.feature_width()),
                       s.queued_positions.data(), static_cast<int>(s.queued_positions.size()));
     s.queued_features.clear();
     s.queued_positions.clear();
-    stats_.inject_s += seconds_since(t0);
+    const double setup = s.drafter->graph_setup_seconds() - setup0;
+    stats_.graph_setup_s += setup;
+    stats_.n_graph_builds += static_cast<int64_t>(s.drafter->n_graph_builds() - builds0);
+    stats_.inject_s += seconds_since(t0) - setup;
 }
 
 void BatchEngine::draft(Slot & s, int n) {
@@ -298,10 +303,21 @@ void BatchEngine::draft(Slot & s, int n) {
     if (n <= 0) {
         return;
     }
-    flush_rows(s);
     const auto t0 = Clock::now();
     const bool greedy = s.sampler->params().greedy();
-    s.drafter->propose(s.anchor, s.pos, n + 1);
+    const double setup0 = s.drafter->graph_setup_seconds();
+    const uint64_t builds0 = s.drafter->n_graph_builds();
+    // the rows committed since the last block are injected by the same graph that proposes
+    s.drafter->inject_and_propose(s.queued_features.data(), static_cast<size_t>(target_.feature_width()),
+                                  s.queued_positions.data(), static_cast<int>(s.queued_positions.size()), s.anchor,
+                                  s.pos, n + 1);
+    s.queued_features.clear();
+    s.queued_positions.clear();
+    const double setup = s.drafter->graph_setup_seconds() - setup0;
+    stats_.graph_setup_s += setup;
+    stats_.n_graph_builds += static_cast<int64_t>(s.drafter->n_graph_builds() - builds0);
+    const auto t_walk = Clock::now();
+    stats_.propose_s += std::chrono::duration<double>(t_walk - t0).count() - setup;
     WalkMode mode = opts_.walk < 0 ? (greedy ? WalkMode::Greedy : WalkMode::Sample) : static_cast<WalkMode>(opts_.walk);
     if (greedy && mode == WalkMode::Sample) {
         mode = WalkMode::Greedy;  // a greedy target accepts only its argmax: sampled drafts would be wasted
@@ -319,6 +335,7 @@ void BatchEngine::draft(Slot & s, int n) {
             }
         }
     }
+    stats_.walk_s += seconds_since(t_walk);
     stats_.draft_s += seconds_since(t0);
 }
 
@@ -332,7 +349,7 @@ void BatchEngine::add_row(llama_token token, int32_t pos, int seq, bool logits) 
     batch_.n_tokens = i + 1;
 }
 
-void BatchEngine::decode_batch() {
+void BatchEngine::decode_batch(bool prefill) {
     // On the callback path the capture copies the batch's rows of every feature
     // layer. A batch is one ubatch (at most n_ubatch rows; one sequence, or equal
     // rows per sequence in slot order), so the graph's rows are the batch's rows in
@@ -343,7 +360,9 @@ void BatchEngine::decode_batch() {
     }
     const auto t0 = Clock::now();
     const int32_t rc = llama_decode(ctx_.get(), batch_);
-    stats_.decode_s += seconds_since(t0);
+    const double dt = seconds_since(t0);
+    stats_.decode_s += dt;
+    (prefill ? stats_.prefill_decode_s : stats_.verify_decode_s) += dt;
     if (capturing) {
         capture_.disarm();
     }
@@ -359,6 +378,11 @@ void BatchEngine::decode_batch() {
 }
 
 int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
+    struct AddStepTime {  // also when the step throws
+        double & total;
+        Clock::time_point t0;
+        ~AddStepTime() { total += seconds_since(t0); }
+    } add_step_time{stats_.step_s, Clock::now()};
     counts.assign(slots_.size(), 0);
     tokens.assign(slots_.size() * (static_cast<size_t>(max_draft_) + 1), -1);
     int rows = 0;
@@ -414,7 +438,7 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
                 add_row(s.drafts[j], s.pos + 1 + static_cast<int32_t>(j), i, true);
             }
         }
-        decode_batch();
+        decode_batch(false);
         rows += batch_.n_tokens;
         for (const int i : members) {
             finish_decode(i, slots_[static_cast<size_t>(i)], counts, tokens);
@@ -440,7 +464,7 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
             add_row(s.prompt[static_cast<size_t>(p)], p, i, j == left - 1 || target_.outputs_all_rows());
         }
         s.n_rows = chunk;
-        decode_batch();
+        decode_batch(true);
         rows += chunk;
         budget -= chunk;
         finish_prefill(i, s, counts, tokens);
@@ -450,6 +474,7 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
 }
 
 void BatchEngine::finish_decode(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
+    const auto t0 = Clock::now();
     const size_t width = static_cast<size_t>(max_draft_) + 1;
     const int n = static_cast<int>(s.drafts.size());
     std::vector<const float *> rows(static_cast<size_t>(n) + 1);
@@ -465,6 +490,7 @@ void BatchEngine::finish_decode(int idx, Slot & s, std::vector<int32_t> & counts
     if (n > 0) {
         llama_memory_seq_rm(llama_get_memory(ctx_.get()), idx, s.pos + k + 1, -1);  // rejected drafts
     }
+    stats_.verify_logic_s += seconds_since(t0);
     queue_rows(s, s.row0, k + 1, s.pos);  // anchor + accepted drafts are committed
     s.history.push_back(s.anchor);
     s.history.insert(s.history.end(), s.drafts.begin(), s.drafts.begin() + k);
@@ -576,6 +602,14 @@ std::string BatchEngine::stats_json() const {
     w.field("draft_s", stats_.draft_s);
     w.field("decode_s", stats_.decode_s);
     w.field("inject_s", stats_.inject_s);
+    w.field("propose_s", stats_.propose_s);
+    w.field("walk_s", stats_.walk_s);
+    w.field("verify_decode_s", stats_.verify_decode_s);
+    w.field("prefill_decode_s", stats_.prefill_decode_s);
+    w.field("verify_logic_s", stats_.verify_logic_s);
+    w.field("graph_setup_s", stats_.graph_setup_s);
+    w.field("step_s", stats_.step_s);
+    w.field("drafter_graph_builds", stats_.n_graph_builds);
     w.key("accepted_per_position").begin_array();
     for (const int64_t x : stats_.accepted_per_pos) w.value(x);
     w.end_array();

@@ -45,6 +45,14 @@ struct BatchStats {
     int64_t n_accepted = 0;      // ... of which accepted
     std::vector<int64_t> accepted_per_pos;  // accepted at block position 1..max_draft
     double draft_s = 0, decode_s = 0, inject_s = 0;
+    // per-phase breakdown of step() (seconds): inject_s (feature copies + drafter
+    // inject graphs), propose_s (drafter propose graphs + read-back), walk_s,
+    // verify_decode_s / prefill_decode_s (the target decodes: decode_s is their sum),
+    // verify_logic_s (logit rows, acceptance, rollback), graph_setup_s (drafter
+    // graph builds/allocations, taken out of inject/propose), step_s (all of step()).
+    double propose_s = 0, walk_s = 0, verify_decode_s = 0, prefill_decode_s = 0, verify_logic_s = 0;
+    double graph_setup_s = 0, step_s = 0;
+    int64_t n_graph_builds = 0;
 };
 
 class BatchEngine {
@@ -121,7 +129,7 @@ class BatchEngine {
     int32_t reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt);
     void flush_rows(Slot & s);
     void add_row(llama_token token, int32_t pos, int seq, bool logits);
-    void decode_batch();
+    void decode_batch(bool prefill);  // prefill: a prompt chunk (else verify rows)
     void finish_decode(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     void finish_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     Slot & slot_at(int slot);

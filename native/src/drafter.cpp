@@ -4,6 +4,7 @@
 #include "json_writer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -55,6 +56,12 @@ DrafterGraph & Drafter::graph_for(const GraphKey & key) {
     if (graph_ && graph_key_ == key && sched_->held() == graph_.get()) {
         return *graph_;  // allocated, inputs in place: runs again as is
     }
+    const auto t0 = std::chrono::steady_clock::now();
+    struct AddSetupTime {  // also when building or allocating throws
+        double & total;
+        std::chrono::steady_clock::time_point t0;
+        ~AddSetupTime() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+    } add_setup_time{graph_setup_s_, t0};
     sched_->release();
     if (graph_ && reuse_split_graphs_) stale_graphs_.emplace_back(graph_key_, std::move(graph_));
     graph_.reset();
@@ -71,7 +78,7 @@ DrafterGraph & Drafter::graph_for(const GraphKey & key) {
         }
     }
     if (!graph_) {
-        graph_ = key.propose ? build_propose_graph(*model_, *cache_, key.n, key.n_kv)
+        graph_ = key.propose ? build_propose_graph(*model_, *cache_, key.n, key.n_kv, key.n_inject)
                              : build_inject_graph(*model_, *cache_, key.n);
         ++n_graph_builds_;
     }
@@ -115,7 +122,7 @@ void Drafter::fill_mask(std::vector<uint16_t> & mask, int n_kv, const int32_t * 
     }
 }
 
-void Drafter::inject(const float * features, size_t width, const int32_t * positions, int n) {
+void Drafter::check_inject(const float * features, size_t width, const int32_t * positions, int n) const {
     const size_t want = static_cast<size_t>(feature_width());
     if (width != want) {
         throw Error("feature width mismatch: got " + std::to_string(width) + " floats per row, the drafter expects " +
@@ -141,6 +148,11 @@ void Drafter::inject(const float * features, size_t width, const int32_t * posit
         throw Error("drafter cache full: " + std::to_string(cache_->n_cached()) + " rows cached + " + std::to_string(n) +
                     " new > n_ctx " + std::to_string(cache_->n_ctx()) + " (truncate or use a larger n_ctx)");
     }
+}
+
+void Drafter::inject(const float * features, size_t width, const int32_t * positions, int n) {
+    check_inject(features, width, positions, n);
+    const size_t want = static_cast<size_t>(feature_width());
     for (int off = 0; off < n; off += INJECT_CHUNK) {
         const int m = std::min(INJECT_CHUNK, n - off);
         DrafterGraph & g = graph_for({false, m, 0});
@@ -164,6 +176,18 @@ void Drafter::truncate(int32_t pos) {
 }
 
 const Proposal & Drafter::propose(int32_t anchor, int32_t pos, int n) {
+    return inject_and_propose(nullptr, 0, nullptr, 0, anchor, pos, n);
+}
+
+const Proposal & Drafter::inject_and_propose(const float * features, size_t width, const int32_t * positions, int m,
+                                             int32_t anchor, int32_t pos, int n) {
+    if (m > max_fused_inject()) {
+        inject(features, width, positions, m);
+        m = 0;
+    }
+    if (m > 0) {
+        check_inject(features, width, positions, m);
+    }
     const auto & hp = hparams();
     if (n < 2 || static_cast<uint32_t>(n) > hp.block_size) {
         throw Error("block length " + std::to_string(n) + " is outside [2, block_size = " +
@@ -173,36 +197,52 @@ const Proposal & Drafter::propose(int32_t anchor, int32_t pos, int n) {
         throw Error("anchor token " + std::to_string(anchor) + " is outside the vocabulary [0, " +
                     std::to_string(hp.n_vocab) + ")");
     }
-    if (pos <= cache_->last_pos() || pos < 0) {
+    const int32_t last_pos = m > 0 ? positions[m - 1] : cache_->last_pos();
+    if (pos <= last_pos || pos < 0) {
         throw Error("block position " + std::to_string(pos) + " is not after the cache end (last cached position " +
-                    std::to_string(cache_->last_pos()) + ")");
+                    std::to_string(last_pos) + ")");
     }
     if (pos > INT32_MAX - n) {
         throw Error("block position overflows");
     }
-    const int n_kv = static_cast<int>(cache_->bucket_for(static_cast<uint32_t>(n)));
-    DrafterGraph & g = graph_for({true, n, n_kv});
+    const int n_kv = static_cast<int>(cache_->bucket_for(static_cast<uint32_t>(m + n)));
+    DrafterGraph & g = graph_for({true, n, n_kv, m});
 
+    const uint32_t row0 = cache_->n_cached();
+    std::vector<int64_t> inj_rows(static_cast<size_t>(m));
+    for (int i = 0; i < m; ++i) inj_rows[static_cast<size_t>(i)] = row0 + i;
     std::vector<int32_t> tokens(n, hp.mask_token_id);
     tokens[0] = anchor;
     std::vector<int32_t> qpos(n);
     std::vector<int64_t> rows(n);
     for (int i = 0; i < n; ++i) {
         qpos[i] = pos + i;
-        rows[i] = cache_->n_cached() + i;
+        rows[i] = row0 + m + i;
     }
-    std::vector<uint16_t> mask, mask_swa;
-    fill_mask(mask, n_kv, qpos.data(), n, false);
-    if (g.mask_swa) fill_mask(mask_swa, n_kv, qpos.data(), n, true);
-
+    // the injected rows are context rows of this block's masks: commit their positions
+    // first, and take them back if the graph fails
+    if (m > 0) cache_->commit(positions, static_cast<uint32_t>(m));
     last_ = Proposal();
-    compute(g, [&] {
-        ggml_backend_tensor_set(g.tokens, tokens.data(), 0, n * sizeof(int32_t));
-        ggml_backend_tensor_set(g.pos, qpos.data(), 0, n * sizeof(int32_t));
-        ggml_backend_tensor_set(g.rows, rows.data(), 0, n * sizeof(int64_t));
-        ggml_backend_tensor_set(g.mask, mask.data(), 0, mask.size() * sizeof(uint16_t));
-        if (g.mask_swa) ggml_backend_tensor_set(g.mask_swa, mask_swa.data(), 0, mask_swa.size() * sizeof(uint16_t));
-    });
+    try {
+        std::vector<uint16_t> mask, mask_swa;
+        fill_mask(mask, n_kv, qpos.data(), n, false);
+        if (g.mask_swa) fill_mask(mask_swa, n_kv, qpos.data(), n, true);
+        compute(g, [&] {
+            if (m > 0) {
+                ggml_backend_tensor_set(g.inj_features, features, 0, static_cast<size_t>(m) * width * sizeof(float));
+                ggml_backend_tensor_set(g.inj_pos, positions, 0, m * sizeof(int32_t));
+                ggml_backend_tensor_set(g.inj_rows, inj_rows.data(), 0, m * sizeof(int64_t));
+            }
+            ggml_backend_tensor_set(g.tokens, tokens.data(), 0, n * sizeof(int32_t));
+            ggml_backend_tensor_set(g.pos, qpos.data(), 0, n * sizeof(int32_t));
+            ggml_backend_tensor_set(g.rows, rows.data(), 0, n * sizeof(int64_t));
+            ggml_backend_tensor_set(g.mask, mask.data(), 0, mask.size() * sizeof(uint16_t));
+            if (g.mask_swa) ggml_backend_tensor_set(g.mask_swa, mask_swa.data(), 0, mask_swa.size() * sizeof(uint16_t));
+        });
+    } catch (...) {
+        if (m > 0) cache_->truncate(positions[0]);
+        throw;
+    }
 
     // one read-back per block
     const int P = n - 1;

@@ -57,11 +57,22 @@ class Drafter {
     void inject(const float * features, size_t width, const int32_t * positions, int n);
     void truncate(int32_t pos);
     const Proposal & propose(int32_t anchor, int32_t pos, int n);
+    // inject(features, width, positions, m) and propose(anchor, pos, n) as ONE graph computation
+    // (m <= max_fused_inject(), else the rows are injected by a graph of their own first).
+    // Same numbers as the two calls: the injected rows go through the same ops.
+    const Proposal & inject_and_propose(const float * features, size_t width, const int32_t * positions, int m,
+                                        int32_t anchor, int32_t pos, int n);
+    static constexpr int max_fused_inject() { return 64; }
     const Proposal & last() const { return last_; }
     // walks the last proposal; top_k applies to DFlash1 only (DFlash2 uses selector_top_k)
     WalkResult walk(WalkMode mode, float temperature, uint64_t seed, int top_k) const;
 
     std::string info_json() const;
+
+    // Seconds spent building and allocating graphs (inside inject/propose), and how many were built:
+    // the engine reports them as their own phase of a step.
+    double graph_setup_seconds() const { return graph_setup_s_; }
+    uint64_t n_graph_builds() const { return n_graph_builds_; }
 
   private:
     // the shape a graph is built for: inject of n rows, or propose of n over n_kv
@@ -69,8 +80,12 @@ class Drafter {
         bool propose = false;
         int n = 0;
         int n_kv = 0;
-        bool operator==(const GraphKey & o) const { return propose == o.propose && n == o.n && n_kv == o.n_kv; }
+        int n_inject = 0;  // propose graphs that inject rows first
+        bool operator==(const GraphKey & o) const {
+            return propose == o.propose && n == o.n && n_kv == o.n_kv && n_inject == o.n_inject;
+        }
     };
+    void check_inject(const float * features, size_t width, const int32_t * positions, int n) const;
     // the graph for key: the one the scheduler holds if it has that shape, else a fresh one, allocated
     DrafterGraph & graph_for(const GraphKey & key);
     void compute(DrafterGraph & g, const std::function<void()> & set_inputs);
@@ -84,6 +99,7 @@ class Drafter {
     std::unique_ptr<DrafterGraph> graph_;  // the last graph built (see drafter_sched.h for why only one)
     GraphKey graph_key_;
     uint64_t n_graph_builds_ = 0;
+    double graph_setup_s_ = 0;
     // test hook (PYDFLASH2_DEBUG_REUSE_SPLIT_GRAPHS=1): keep split graphs and
     // reuse them in later schedules, the bug DrafterSched::check must catch
     bool reuse_split_graphs_ = false;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace pdf2 {
 
@@ -15,10 +16,10 @@ DrafterGraph::~DrafterGraph() {
 
 size_t drafter_graph_size(const DrafterModel & model) {
     const DrafterHParams & hp = model.hparams();
-    // per layer: attention + MLP (< 128 nodes) and, for DFlash2, 4 block
-    // convolutions of up to 12 nodes per tap
+    // per layer: attention + MLP (< 128 nodes), the rows a propose graph may
+    // inject first (< 32) and, for DFlash2, 4 block convolutions of up to 12 nodes per tap
     const size_t taps = std::min(hp.conv_kernel_size, hp.block_size);
-    return 1024 + static_cast<size_t>(hp.n_layer) * (256 + 64 * taps);
+    return 1024 + static_cast<size_t>(hp.n_layer) * (288 + 64 * taps);
 }
 
 namespace {
@@ -37,10 +38,14 @@ class Builder {
         }
         g.gf = ggml_new_graph_custom(g.ctx, n_nodes, false);
         ctx0_ = g.ctx;
+        for (uint32_t il = 0; il < hp_.n_layer; ++il) {
+            k_dst_.push_back(cache.k(il));
+            v_dst_.push_back(cache.v(il));
+        }
     }
 
     void build_inject(int n);
-    void build_propose(int n, int n_kv);
+    void build_propose(int n, int n_kv, int n_inject);
 
   private:
     ggml_tensor * input(ggml_type type, int64_t ne0, int64_t ne1, const char * name) {
@@ -62,8 +67,9 @@ class Builder {
         return ggml_mul(ctx0_, ggml_rms_norm(ctx0_, x, hp_.rms_eps), w);
     }
 
-    ggml_tensor * rope(ggml_tensor * x) {
-        return ggml_rope_ext(ctx0_, x, g_.pos, nullptr, static_cast<int>(hp_.head_dim), GGML_ROPE_TYPE_NEOX,
+    ggml_tensor * rope(ggml_tensor * x) { return rope_at(x, g_.pos); }
+    ggml_tensor * rope_at(ggml_tensor * x, ggml_tensor * pos) {
+        return ggml_rope_ext(ctx0_, x, pos, nullptr, static_cast<int>(hp_.head_dim), GGML_ROPE_TYPE_NEOX,
                              static_cast<int>(hp_.n_ctx_train), hp_.rope_freq_base, 1.0f, 0.0f, 1.0f, 32.0f, 1.0f);
     }
 
@@ -71,6 +77,9 @@ class Builder {
         return hp_.sliding_window > 0 && (hp_.sliding_window_pattern.empty() || hp_.sliding_window_pattern[il]);
     }
 
+    // K/V rows of context features written into the cache: per layer the set_rows results
+    // (views of the updated cache tensors) in k_dst_/v_dst_
+    void inject_rows(ggml_tensor * features, ggml_tensor * pos, ggml_tensor * rows, int n);
     ggml_tensor * block_conv(ggml_tensor * x, ggml_tensor * dyn, ggml_tensor * base, int side, int il,
                              const char * name);
     ggml_tensor * attention(const DrafterLayer & L, ggml_tensor * a, uint32_t il);
@@ -83,6 +92,7 @@ class Builder {
     const DrafterCache & cache_;
     DrafterGraph & g_;
     ggml_context * ctx0_ = nullptr;
+    std::vector<ggml_tensor *> k_dst_, v_dst_;  // per layer: the cache as the block's rows are written into it
 };
 
 // ---------------------------------------------------------------- inject
@@ -94,8 +104,15 @@ void Builder::build_inject(int n) {
     g_.features = input(GGML_TYPE_F32, n_inp, n, "inp_target_features");
     g_.pos = input(GGML_TYPE_I32, n, 0, "inp_pos");
     g_.rows = input(GGML_TYPE_I64, n, 0, "inp_cache_rows");
+    inject_rows(g_.features, g_.pos, g_.rows, n);
+    for (uint32_t il = 0; il < hp_.n_layer; ++il) {
+        ggml_build_forward_expand(g_.gf, k_dst_[il]);
+        ggml_build_forward_expand(g_.gf, v_dst_[il]);
+    }
+}
 
-    ggml_tensor * ctxh = ggml_mul_mat(ctx0_, m_.fc, g_.features);
+void Builder::inject_rows(ggml_tensor * features, ggml_tensor * pos, ggml_tensor * rows, int n) {
+    ggml_tensor * ctxh = ggml_mul_mat(ctx0_, m_.fc, features);
     cb(ctxh, "fc_out", -1);
     ctxh = rms_norm(ctxh, m_.enc_norm);
     cb(ctxh, "ctx_hidden", -1);
@@ -106,16 +123,16 @@ void Builder::build_inject(int n) {
         const DrafterLayer & L = m_.layers[il];
         ggml_tensor * k = ggml_reshape_3d(ctx0_, ggml_mul_mat(ctx0_, L.wk, ctxh), D, Hkv, n);
         k = rms_norm(k, L.k_norm);
-        k = rope(k);
+        k = rope_at(k, pos);
         cb(k, "Kctx", il);
         ggml_tensor * v = ggml_mul_mat(ctx0_, L.wv, ctxh);
         cb(v, "Vctx", il);
-        ggml_tensor * ks = ggml_set_rows(ctx0_, cache_.k(il), ggml_reshape_2d(ctx0_, k, D * Hkv, n), g_.rows);
-        ggml_tensor * vs = ggml_set_rows(ctx0_, cache_.v(il), v, g_.rows);
+        ggml_tensor * ks = ggml_set_rows(ctx0_, k_dst_[il], ggml_reshape_2d(ctx0_, k, D * Hkv, n), rows);
+        ggml_tensor * vs = ggml_set_rows(ctx0_, v_dst_[il], v, rows);
         cb(ks, "Kctx_store", il);
         cb(vs, "Vctx_store", il);
-        ggml_build_forward_expand(g_.gf, ks);
-        ggml_build_forward_expand(g_.gf, vs);
+        k_dst_[il] = ks;
+        v_dst_[il] = vs;
     }
 }
 
@@ -174,8 +191,8 @@ ggml_tensor * Builder::attention(const DrafterLayer & L, ggml_tensor * a, uint32
 
     // the block's rows go to the scratch rows after the context; the attention
     // reads [context; block] through views of the updated cache tensors
-    ggml_tensor * ks = ggml_set_rows(ctx0_, cache_.k(il), ggml_reshape_2d(ctx0_, k, D * Hkv, n), g_.rows);
-    ggml_tensor * vs = ggml_set_rows(ctx0_, cache_.v(il), v, g_.rows);
+    ggml_tensor * ks = ggml_set_rows(ctx0_, k_dst_[il], ggml_reshape_2d(ctx0_, k, D * Hkv, n), g_.rows);
+    ggml_tensor * vs = ggml_set_rows(ctx0_, v_dst_[il], v, g_.rows);
     cb(ks, "Kblk_store", il);
     cb(vs, "Vblk_store", il);
     const size_t es = ggml_element_size(ks);
@@ -273,10 +290,19 @@ ggml_tensor * Builder::selector(ggml_tensor * logits, ggml_tensor * hidden) {
     return packed;
 }
 
-void Builder::build_propose(int n, int n_kv) {
+void Builder::build_propose(int n, int n_kv, int n_inject) {
     const int64_t H = hp_.n_embd;
     g_.n_tokens = n;
     g_.n_kv = n_kv;
+    if (n_inject > 0) {
+        // the committed rows first: their K/V rows land in the cache before the block attends to it
+        const int64_t n_inp = static_cast<int64_t>(hp_.target_layers.size()) * H;
+        g_.n_inject = n_inject;
+        g_.inj_features = input(GGML_TYPE_F32, n_inp, n_inject, "inp_target_features");
+        g_.inj_pos = input(GGML_TYPE_I32, n_inject, 0, "inp_inject_pos");
+        g_.inj_rows = input(GGML_TYPE_I64, n_inject, 0, "inp_inject_rows");
+        inject_rows(g_.inj_features, g_.inj_pos, g_.inj_rows, n_inject);
+    }
     g_.tokens = input(GGML_TYPE_I32, n, 0, "inp_tokens");
     g_.pos = input(GGML_TYPE_I32, n, 0, "inp_pos");
     g_.rows = input(GGML_TYPE_I64, n, 0, "inp_cache_rows");
@@ -351,9 +377,9 @@ std::unique_ptr<DrafterGraph> build_inject_graph(const DrafterModel & model, con
 }
 
 std::unique_ptr<DrafterGraph> build_propose_graph(const DrafterModel & model, const DrafterCache & cache, int n_tokens,
-                                                  int n_kv) {
+                                                  int n_kv, int n_inject) {
     auto g = std::make_unique<DrafterGraph>();
-    Builder(model, cache, *g).build_propose(n_tokens, n_kv);
+    Builder(model, cache, *g).build_propose(n_tokens, n_kv, n_inject);
     return g;
 }
 

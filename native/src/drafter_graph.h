@@ -30,6 +30,12 @@ struct DrafterGraph {
     ggml_tensor * mask = nullptr;      // F16 [n_kv, n]
     ggml_tensor * mask_swa = nullptr;  // F16 [n_kv, n] (sliding-window layers), or null
 
+    // propose graphs that also inject m committed rows first (one graph per step instead of two)
+    int n_inject = 0;
+    ggml_tensor * inj_features = nullptr;  // F32 [n_tl*H, m]
+    ggml_tensor * inj_pos = nullptr;       // I32 [m]
+    ggml_tensor * inj_rows = nullptr;      // I64 [m] cache rows written
+
     // output: DFlash2: F32 [k + k*k, n-1] (candidate ids as floats | scores, predecessor-major)
     //         DFlash1: F32 [n_vocab, n-1] logits of the drafted positions
     ggml_tensor * out = nullptr;
@@ -38,8 +44,10 @@ struct DrafterGraph {
 };
 
 std::unique_ptr<DrafterGraph> build_inject_graph(const DrafterModel & model, const DrafterCache & cache, int n_rows);
+// n_inject > 0: the graph first writes the K/V rows of n_inject context rows (as an inject
+// graph would), then proposes over the cache including them
 std::unique_ptr<DrafterGraph> build_propose_graph(const DrafterModel & model, const DrafterCache & cache, int n_tokens,
-                                                  int n_kv);
+                                                  int n_kv, int n_inject = 0);
 
 // nodes a drafter graph may need (for the scheduler and graph contexts)
 size_t drafter_graph_size(const DrafterModel & model);

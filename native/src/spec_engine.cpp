@@ -96,11 +96,14 @@ void SpecEngine::flush_rows() {
         return;
     }
     const auto t0 = Clock::now();
+    const double setup0 = drafter_->graph_setup_seconds();
     drafter_->inject(queued_features_.data(), static_cast<size_t>(target_.feature_width()), queued_positions_.data(),
                      static_cast<int>(queued_positions_.size()));
     queued_features_.clear();
     queued_positions_.clear();
-    stats_.inject_s += seconds_since(t0);
+    const double setup = drafter_->graph_setup_seconds() - setup0;
+    stats_.graph_setup_s += setup;
+    stats_.inject_s += seconds_since(t0) - setup;
 }
 
 llama_token SpecEngine::begin(const std::vector<llama_token> & prompt, const SamplingParams & sampling) {
@@ -139,7 +142,12 @@ llama_token SpecEngine::begin(const std::vector<llama_token> & prompt, const Sam
         sampler_->distribution(logits, p);
         first = sampler_->draw(p);
     }
-    stats_.prefill_s = seconds_since(t0);
+    if (opts_.n_max != 0) {
+        flush_rows();  // the prompt's rows go into the drafter with the prefill (as upstream's prefill does)
+    }
+    stats_.prefill_s = seconds_since(t0) - stats_.inject_s - stats_.graph_setup_s;  // those count as inject, setup
+    in_begin_s_ = stats_.inject_s + stats_.graph_setup_s;
+    graph_builds0_ = drafter_ != nullptr ? drafter_->n_graph_builds() : 0;
     stats_.n_generated = 1;
     pos_ = n;
     anchor_ = first;
@@ -158,6 +166,12 @@ int SpecEngine::step(std::vector<llama_token> & out) {
     if (!started_) {
         throw Error("step() before begin()");
     }
+    const auto t_step = Clock::now();
+    struct AddStepTime {  // also when the step throws
+        double & total;
+        Clock::time_point t0;
+        ~AddStepTime() { total += seconds_since(t0); }
+    } add_step_time{stats_.step_s, t_step};
     if (pos_ >= target_.n_ctx()) {
         return 0;
     }
@@ -168,9 +182,18 @@ int SpecEngine::step(std::vector<llama_token> & out) {
     std::vector<llama_token> drafts;
     std::vector<SparseDist> q;
     if (n > 0) {
-        flush_rows();
         const auto t0 = Clock::now();
-        drafter_->propose(anchor_, pos_, n + 1);
+        const double setup0 = drafter_->graph_setup_seconds();
+        // the rows committed since the last block are injected by the same graph that proposes
+        drafter_->inject_and_propose(queued_features_.data(), static_cast<size_t>(target_.feature_width()),
+                                     queued_positions_.data(), static_cast<int>(queued_positions_.size()), anchor_,
+                                     pos_, n + 1);
+        queued_features_.clear();
+        queued_positions_.clear();
+        const double setup = drafter_->graph_setup_seconds() - setup0;
+        stats_.graph_setup_s += setup;
+        const auto t_walk = Clock::now();
+        stats_.propose_s += std::chrono::duration<double>(t_walk - t0).count() - setup;
         WalkMode mode = opts_.walk < 0 ? (greedy ? WalkMode::Greedy : WalkMode::Sample)
                                        : static_cast<WalkMode>(opts_.walk);
         if (greedy && mode == WalkMode::Sample) {
@@ -189,13 +212,16 @@ int SpecEngine::step(std::vector<llama_token> & out) {
                 }
             }
         }
+        stats_.walk_s += seconds_since(t_walk);
         stats_.draft_s += seconds_since(t0);
     }
 
     const auto t1 = Clock::now();
     batch_.assign(1, anchor_);
     batch_.insert(batch_.end(), drafts.begin(), drafts.end());
-    target_.decode(batch_.data(), static_cast<int32_t>(batch_.size()), pos_, n > 0);
+    target_.decode(batch_.data(), static_cast<int32_t>(batch_.size()), pos_, n > 0, /*generation =*/true);
+    const auto t_logic = Clock::now();
+    stats_.verify_decode_s += std::chrono::duration<double>(t_logic - t1).count();
     std::vector<const float *> rows(batch_.size());
     for (size_t j = 0; j < rows.size(); ++j) {
         rows[j] = target_.logits(static_cast<int32_t>(j));
@@ -206,7 +232,9 @@ int SpecEngine::step(std::vector<llama_token> & out) {
     if (n > 0) {
         target_.truncate(pos_ + k + 1);  // drop the rejected drafts from the target cache
     }
-    stats_.verify_s += seconds_since(t1);
+    const double logic_s = seconds_since(t_logic);
+    stats_.verify_logic_s += logic_s;
+    stats_.verify_s += std::chrono::duration<double>(t_logic - t1).count() + logic_s;
 
     queue_rows(0, k + 1, pos_);  // anchor + accepted drafts are committed
 
@@ -251,7 +279,7 @@ void SpecEngine::measure_costs(int reps, std::vector<double> & verify_s, std::ve
         // interleave the sizes so that machine noise spreads evenly over them
         for (int b = 1; b <= max_b; ++b) {
             const auto t0 = Clock::now();
-            target_.decode(tokens.data(), b, pos_, b > 1);
+            target_.decode(tokens.data(), b, pos_, b > 1, /*generation =*/true);
             vt[static_cast<size_t>(b - 1)].push_back(seconds_since(t0));
             target_.truncate(pos_);
         }
@@ -289,6 +317,23 @@ std::string SpecEngine::stats_json() const {
         for (const int64_t x : v) w.value(x);
         w.end_array();
     };
+    // per-phase breakdown: prefill + the phases + step_other_s = the native time of the request
+    const double in_phases = stats_.inject_s + stats_.propose_s + stats_.walk_s + stats_.verify_decode_s +
+                             stats_.verify_logic_s + stats_.graph_setup_s;
+    w.key("phases").begin_object();
+    w.field("n_steps", stats_.n_steps);
+    w.field("prefill_s", stats_.prefill_s);
+    w.field("inject_s", stats_.inject_s);
+    w.field("propose_s", stats_.propose_s);
+    w.field("walk_s", stats_.walk_s);
+    w.field("verify_decode_s", stats_.verify_decode_s);
+    w.field("verify_logic_s", stats_.verify_logic_s);
+    w.field("graph_setup_s", stats_.graph_setup_s);
+    // inject during begin() (prompt features) lies outside step(): only the step's own share is subtracted
+    w.field("step_other_s", std::max(0.0, stats_.step_s - (in_phases - in_begin_s_)));
+    w.end_object();
+    w.field("drafter_graph_builds",
+            static_cast<int64_t>(drafter_ != nullptr ? drafter_->n_graph_builds() - graph_builds0_ : 0));
     array("drafted_per_position", stats_.drafted);
     array("accepted_per_position", stats_.accepted);
     array("n_max_histogram", stats_.n_max_used);

@@ -31,6 +31,15 @@ struct EngineStats {
     std::vector<int64_t> accepted;
     std::vector<int64_t> n_max_used;  // histogram over 0..block_size-1
     double prefill_s = 0, draft_s = 0, verify_s = 0, inject_s = 0;
+    // Where a request's time goes (seconds; they partition step() and begin()):
+    // prefill_s (target prompt decode, without feature copies), inject_s (feature
+    // copies + drafter inject graphs), propose_s (drafter propose graph + read-back),
+    // walk_s (selector walk + draft distributions), verify_decode_s (the target's
+    // llama_decode of [anchor, drafts]), verify_logic_s (logit rows, acceptance,
+    // cache rollback), graph_setup_s (drafter graph builds/allocations, taken out
+    // of inject/propose), step_other_s (the rest of step(): bookkeeping).
+    double propose_s = 0, walk_s = 0, verify_decode_s = 0, verify_logic_s = 0, graph_setup_s = 0;
+    double step_s = 0;  // all of step()
 };
 
 class SpecEngine {
@@ -85,6 +94,8 @@ class SpecEngine {
     std::vector<int32_t> queued_positions_;
     std::vector<float> feat_;
     std::vector<llama_token> batch_;
+    double in_begin_s_ = 0;  // the inject + graph setup seconds spent in begin() (outside step())
+    uint64_t graph_builds0_ = 0;    // the drafter's build count when the request began
 };
 
 }  // namespace pdf2

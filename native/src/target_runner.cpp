@@ -81,7 +81,7 @@ void TargetRunner::claim() {
     }
 }
 
-void TargetRunner::decode(const llama_token * tokens, int32_t n, int32_t pos0, bool all_logits) {
+void TargetRunner::decode(const llama_token * tokens, int32_t n, int32_t pos0, bool all_logits, bool generation) {
     if (n < 1 || n > n_batch_) {
         throw Error("target batch of " + std::to_string(n) + " tokens (allowed 1.." + std::to_string(n_batch_) + ")");
     }
@@ -104,7 +104,16 @@ void TargetRunner::decode(const llama_token * tokens, int32_t n, int32_t pos0, b
     if (capturing) {
         capture_->arm(layers_, n_embd_, n);
     }
+    const int32_t nt = llama_n_threads(ctx_);
+    const int32_t ntb = llama_n_threads_batch(ctx_);
+    const bool swap_threads = generation && n > 1 && nt != ntb;
+    if (swap_threads) {
+        llama_set_n_threads(ctx_, nt, nt);
+    }
     const int32_t rc = llama_decode(ctx_, batch_);
+    if (swap_threads) {
+        llama_set_n_threads(ctx_, nt, ntb);
+    }
     if (capturing) {
         capture_->disarm();
     }

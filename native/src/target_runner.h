@@ -34,8 +34,12 @@ class TargetRunner {
     TargetRunner & operator=(const TargetRunner &) = delete;
 
     // Decodes tokens at positions pos0.. (n <= n_batch). Logits for every row when
-    // all_logits, else only for the last row. Throws pdf2::Error on failure.
-    void decode(const llama_token * tokens, int32_t n, int32_t pos0, bool all_logits);
+    // all_logits, else only for the last row. generation: a verify batch, run with the
+    // context's generation threads (n_threads, what plain decoding uses for its one-row
+    // batches) instead of its prompt-processing threads (n_threads_batch): a few rows are
+    // generation work, and more threads than plain decoding uses spin at every graph
+    // barrier when the cores are oversubscribed. Throws pdf2::Error on failure.
+    void decode(const llama_token * tokens, int32_t n, int32_t pos0, bool all_logits, bool generation = false);
 
     const float * logits(int32_t row) const;  // row of the last decode that asked for logits
 

@@ -11,7 +11,8 @@ from .common import CliError, add_exact_arg, add_model_args, parse_n_max, resolv
 NAME = "generate"
 
 STATS_KEYS = ("exact", "tau", "n_max", "tokens_per_second", "ttft_s", "draft_s", "verify_s", "inject_s",
-              "drafted_per_position", "accepted_per_position", "n_max_histogram")
+              "drafted_per_position", "accepted_per_position", "n_max_histogram", "total_s", "phases",
+              "drafter_graph_builds")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -22,6 +22,19 @@ _ENGINE_COUNTERS = {
     "n_prompt_reused": "prefix_cache_hits",
 }
 
+# per-phase breakdown of the engine's steps: stats key -> (metric suffix, help)
+_PHASES = {
+    "n_steps": ("num_steps", "Target decodes (engine steps and prompt chunks)"),
+    "inject_s": ("inject_seconds", "Seconds in feature copies and drafter inject graphs"),
+    "propose_s": ("propose_seconds", "Seconds in drafter propose graphs (with the lattice read-back)"),
+    "walk_s": ("walk_seconds", "Seconds walking the drafter's proposals into drafts"),
+    "graph_setup_s": ("graph_setup_seconds", "Seconds building and allocating drafter graphs"),
+    "verify_decode_s": ("verify_decode_seconds", "Seconds in target decodes of verify rows"),
+    "prefill_decode_s": ("prefill_decode_seconds", "Seconds in target decodes of prompt chunks"),
+    "verify_logic_s": ("verify_logic_seconds", "Seconds accepting drafts and rolling back the target cache"),
+    "step_s": ("step_seconds", "Seconds in engine steps (all native phases)"),
+}
+
 
 class ServerMetrics:
     """One registry per server. The scheduler thread calls the update methods;
@@ -40,6 +53,10 @@ class ServerMetrics:
         self.draft_seconds = Counter(p + "spec_decode_draft_seconds", "Seconds spent drafting", registry=r)
         self.verify_seconds = Counter(p + "spec_decode_verify_seconds",
                                       "Seconds spent in target decodes (verify rows and prompt chunks)", registry=r)
+        self.phases = {key: Counter(p + "spec_decode_" + suffix, doc, registry=r)
+                       for key, (suffix, doc) in _PHASES.items()}
+        self.python_seconds = Counter(p + "spec_decode_python_seconds",
+                                      "Seconds the scheduler thread spends in Python around engine steps", registry=r)
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens processed", registry=r)
         # vLLM's names, in tokens: a slot keeps its last request's K/V, and the next prompt there
         # is prefilled from the first token where it differs (a shared system prompt is not recomputed)
@@ -82,6 +99,10 @@ class ServerMetrics:
         queried = stats["n_prompt"] + stats["n_prompt_reused"] - last["n_prompt"] - last["n_prompt_reused"]
         if queried > 0:
             self.prefix_cache_queries.inc(queried)
+        for key, counter in self.phases.items():
+            delta = stats[key] - last[key]
+            if delta > 0:
+                counter.inc(delta)
         for pos, (now, before) in enumerate(zip(stats["accepted_per_position"], last["accepted_per_position"],
                                                 strict=True)):
             if now > before:

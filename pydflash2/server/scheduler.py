@@ -137,11 +137,12 @@ class Scheduler:
                         self._cond.wait()
                     if self._stopping:
                         break
+                    t_iter = time.perf_counter()
                     self._drop_cancelled_waiting()
                     self._admit()
                 self._stop_cancelled()
-                if self._active:
-                    self._step()
+                native_s = self._step() if self._active else 0.0
+                self.metrics.python_seconds.inc(max(0.0, time.perf_counter() - t_iter - native_s))
         except Exception as e:  # the engine is in an unknown state: fail everything, refuse new work
             log.exception("scheduler failed")
             with self._cond:
@@ -192,9 +193,12 @@ class Scheduler:
             if a.req.cancelled:
                 self._finish(slot, "aborted")
 
-    def _step(self) -> None:
+    def _step(self) -> float:
+        """One engine step and the delivery of its tokens; returns the seconds spent in the engine."""
+        t0 = time.perf_counter()
         per_slot = self.engine.step()
         now = time.perf_counter()
+        native_s = now - t0
         self.metrics.engine_stats(self.engine.stats())
         for slot, committed in enumerate(per_slot):
             a = self._active.get(slot)
@@ -210,6 +214,7 @@ class Scheduler:
             reason = self._deliver(a, committed)
             if reason is not None:
                 self._finish(slot, reason)
+        return native_s
 
     def _deliver(self, a: _Active, committed: list[int]) -> str | None:
         """Pushes committed tokens through EOS / stop strings / max_tokens; the finish reason once done."""
