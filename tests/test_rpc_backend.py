@@ -406,7 +406,7 @@ def test_server_on_rpc_concurrent_answers_equal_sequential(rpc_servers, models, 
         sequential = [ask(i) for i in range(8)]
         with ThreadPoolExecutor(8) as pool:
             concurrent = list(pool.map(ask, range(8)))
-        drafts = httpx.get(server.url + "/metrics").text
+        drafts = httpx.get(server.url + "/metrics", timeout=60).text
     finally:
         server.stop()
     assert concurrent == sequential

@@ -91,7 +91,7 @@ def generate_cli(models: dict[str, Path], workdir: Path, prompt: str, *extra: st
 
 def metrics(url: str, headers: dict[str, str] | None = None) -> dict[tuple[str, tuple], float]:
     """Every sample of /metrics, parsed by prometheus_client: {(name, labels): value}."""
-    r = httpx.get(url + "/metrics", headers=headers or {})
+    r = httpx.get(url + "/metrics", headers=headers or {}, timeout=60)
     assert r.status_code == 200
     out = {}
     for family in text_string_to_metric_families(r.text):
@@ -107,7 +107,7 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 def test_models_and_health(server: ServerProcess, client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list().data] == [MODEL_ID]
-    h = httpx.get(server.url + "/health").json()  # no key needed
+    h = httpx.get(server.url + "/health", timeout=60).json()  # no key needed
     assert h["status"] == "ok" and h["slots"] == 4
 
 
@@ -157,7 +157,7 @@ def test_streaming_equals_non_streaming(client: openai.OpenAI, server: ServerPro
     assert chunks[-1].usage.total_tokens == whole.usage.total_tokens
 
     # on the wire: server-sent events ending with [DONE]
-    with httpx.stream("POST", server.url + "/v1/completions", headers=AUTH,
+    with httpx.stream("POST", server.url + "/v1/completions", headers=AUTH, timeout=60,
                       json={"model": MODEL_ID, "prompt": "Hello", "max_tokens": 4, "stream": True}) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         data = [line for line in r.iter_lines() if line.startswith("data:")]
@@ -234,7 +234,7 @@ def test_disconnect_mid_stream_frees_the_slot(one_slot: ServerProcess) -> None:
     # the slot is freed before the next step; the bound is loose only because a
     # step can take seconds on a loaded CI machine (the token count below is the tight check)
     t0 = time.monotonic()
-    while httpx.get(one_slot.url + "/health").json()["busy"] != 0:
+    while httpx.get(one_slot.url + "/health", timeout=60).json()["busy"] != 0:
         assert time.monotonic() - t0 < 60, "the slot stayed busy after the client left"
         time.sleep(0.02)
     after = metrics(one_slot.url)
@@ -306,7 +306,7 @@ def test_prompt_too_long_names_both_numbers(server: ServerProcess, llm) -> None:
 
 def test_api_key_is_required(server: ServerProcess) -> None:
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
-        r = httpx.post(server.url + "/v1/completions", json={"prompt": "x"}, headers=headers)
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "x"}, headers=headers, timeout=60)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
@@ -314,7 +314,7 @@ def test_api_key_is_required(server: ServerProcess) -> None:
 
 def test_server_keeps_serving_after_bad_input(client: openai.OpenAI, server: ServerProcess) -> None:
     for _ in range(3):
-        httpx.post(server.url + "/v1/completions", content=b"\xff\xfe garbage", headers=AUTH)
+        httpx.post(server.url + "/v1/completions", content=b"\xff\xfe garbage", headers=AUTH, timeout=60)
     assert client.completions.create(model=MODEL_ID, prompt="Hello", max_tokens=4).choices[0].text is not None
 
 
@@ -324,7 +324,7 @@ def test_server_keeps_serving_after_bad_input(client: openai.OpenAI, server: Ser
 def test_metrics_parse_and_move(client: openai.OpenAI, server: ServerProcess, llm) -> None:
     before = metrics(server.url, AUTH)
     client.completions.create(model=MODEL_ID, prompt="quick brown fox", max_tokens=32, temperature=0)
-    httpx.post(server.url + "/v1/completions", headers=AUTH, json={"prompt": "x", "top_p": 7})
+    httpx.post(server.url + "/v1/completions", headers=AUTH, json={"prompt": "x", "top_p": 7}, timeout=60)
     after = metrics(server.url, AUTH)
 
     def moved(name: str, labels: tuple = ()) -> float:
