@@ -48,20 +48,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydflash2.bench import PHASE_COLUMNS
+from pydflash2.bench import DEFAULT_PROMPTS, PHASE_COLUMNS
 from pydflash2.models import default_drafter, default_target
 from pydflash2.speculator import Speculator, chat_prompt_tokens, load_target
 
-PROMPTS = [
-    "Write a short story about a robot learning to paint.",
-    "Explain why the sky is blue in two sentences.",
-    "List five uses of a paperclip.",
-    "Write a Python function that reverses a string.",
-    "What is the capital of France, and what is it famous for?",
-    "Describe the water cycle.",
-    "Give me three tips for a job interview.",
-    "Translate 'good morning, how are you?' into French.",
-]
+PROMPTS = DEFAULT_PROMPTS  # the same chat prompts `pydflash2 bench` uses
 
 
 def _spin() -> None:
