@@ -44,6 +44,20 @@ class PlainRun:
     margins: list[float]
 
 
+def greedy_generate(llm: llama_cpp.Llama, prompt: str, n: int) -> list[int]:
+    """Plain llama.cpp greedy decoding of a text prompt through Llama.generate, no pydflash2 code
+    (up to n tokens, stopping at EOS)."""
+    tokens = llm.tokenize(prompt.encode(), add_bos=True, special=True)
+    out: list[int] = []
+    for tok in llm.generate(tokens, temp=0.0, top_k=0, top_p=1.0, min_p=0.0, reset=True):
+        if tok == llm.token_eos():
+            break
+        out.append(tok)
+        if len(out) == n:
+            break
+    return out
+
+
 def plain_greedy(llm: llama_cpp.Llama, prompt: list[int], n: int) -> PlainRun:
     """Plain batch-1 greedy decoding with llama-cpp-python alone (Llama.eval,
     the loop Llama.generate runs), with the top-2 margin of every choice."""

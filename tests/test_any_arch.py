@@ -13,7 +13,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import pytest
-from lossless import check_greedy
+from lossless import check_greedy, greedy_generate
 from lossless import plain_greedy as plain_run
 from pydflash2.convert.cli import main as convert_main
 
@@ -28,19 +28,6 @@ HOT = tuple(testing.FIRST_MERGED_ID + i for i in range(6))
 # which only the callback path gives
 LAYER_IDS = (0, 2, 3)
 PROMPTS = ["Once upon a time", "The answer is", "def main():", "A small drafter", "quick brown", "Paris"]
-
-
-def plain_greedy(llm: llama_cpp.Llama, prompt: str, n: int) -> list[int]:
-    """Plain llama.cpp greedy decoding through llama-cpp-python, no pydflash2 code."""
-    tokens = llm.tokenize(prompt.encode(), add_bos=True, special=True)
-    out: list[int] = []
-    for tok in llm.generate(tokens, temp=0.0, top_k=0, top_p=1.0, min_p=0.0, reset=True):
-        if tok == llm.token_eos():
-            break
-        out.append(tok)
-        if len(out) == n:
-            break
-    return out
 
 
 @pytest.fixture(scope="module", params=CALLBACK_ARCHS)
@@ -93,13 +80,13 @@ def test_converter_follows_the_capture_path(tmp_path: Path, arch_models: dict, c
 
 def test_plain_llama_cpp_decoding_works(arch_models: dict, arch_llm: llama_cpp.Llama) -> None:
     assert arch_llm.metadata["general.architecture"] == arch_models["arch"]
-    toks = plain_greedy(arch_llm, PROMPTS[0], 12)
+    toks = greedy_generate(arch_llm, PROMPTS[0], 12)
     assert len(toks) == 12
     assert all(0 <= t < arch_llm.n_vocab() for t in toks)
 
 
 def test_greedy_is_lossless(arch_models: dict, arch_llm: llama_cpp.Llama) -> None:
-    refs = {p: plain_greedy(arch_llm, p, 20) for p in PROMPTS}
+    refs = {p: greedy_generate(arch_llm, p, 20) for p in PROMPTS}
     runs = {p: plain_run(arch_llm, arch_llm.tokenize(p.encode(), add_bos=True, special=True), 20) for p in PROMPTS}
     exact = exactness.llama_invariance(arch_llm).batch_invariant
     drafted = 0
@@ -113,16 +100,16 @@ def test_greedy_is_lossless(arch_models: dict, arch_llm: llama_cpp.Llama) -> Non
                 drafted += sum(out.stats["drafted_per_position"])
     assert drafted > 0
     # the Llama passed in kept its own context and still decodes as before
-    assert plain_greedy(arch_llm, PROMPTS[0], 20) == refs[PROMPTS[0]]
+    assert greedy_generate(arch_llm, PROMPTS[0], 20) == refs[PROMPTS[0]]
 
 
 def test_target_given_as_path_gets_its_context_replaced(arch_models: dict, arch_llm: llama_cpp.Llama) -> None:
-    ref = plain_greedy(arch_llm, PROMPTS[1], 16)
+    ref = greedy_generate(arch_llm, PROMPTS[1], 16)
     with Speculator(str(arch_models["target"]), arch_models["drafter"], n_ctx=512, n_max=4) as spec:
         assert spec._capturing is not None and spec._capturing.context is spec.llm._ctx  # no second KV cache
         assert spec.generate(PROMPTS[1], max_tokens=16, chat=False).tokens == ref
         # the Llama's own API runs through the replaced context too
-        assert plain_greedy(spec.llm, PROMPTS[1], 16) == ref
+        assert greedy_generate(spec.llm, PROMPTS[1], 16) == ref
 
 
 def test_stream_with_rollbacks_keeps_features_in_step(arch_models: dict, arch_llm: llama_cpp.Llama) -> None:
@@ -349,7 +336,7 @@ def test_last_layer_output_follows_the_capture_path(tmp_path: Path, target_gguf:
     llm = llama_cpp.Llama(str(target_gguf), n_ctx=256, n_batch=256, verbose=False)
     with pytest.raises(GenerationError, match=r"input 4 .* through the tap path: 1\.\.3"):
         Speculator(llm, drafter, n_max=3)
-    ref = plain_greedy(llm, PROMPTS[2], 12)
+    ref = greedy_generate(llm, PROMPTS[2], 12)
     with Speculator(llm, drafter, n_max=3, capture="callback") as spec:
         assert spec.generate(PROMPTS[2], max_tokens=12, chat=False).tokens == ref
 

@@ -25,6 +25,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 import pytest
+from lossless import greedy_generate
 
 RPC_AVAILABLE = bool(llama_cpp.llama_supports_rpc())
 LIB_DIR = Path(llama_cpp.__file__).resolve().parent / "lib"
@@ -95,25 +96,13 @@ def make_llm(target: str, placement: str, devices: list[str]) -> llama_cpp.Llama
     return llama_cpp.Llama(target, n_ctx=512, n_batch=512, n_threads=1, n_threads_batch=1, verbose=False, **kw)
 
 
-def plain_greedy(llm: llama_cpp.Llama, prompt: str, n: int) -> list[int]:
-    tokens = llm.tokenize(prompt.encode(), add_bos=True, special=True)
-    out: list[int] = []
-    for tok in llm.generate(tokens, temp=0.0, top_k=0, top_p=1.0, min_p=0.0, reset=True):
-        if tok == llm.token_eos():
-            break
-        out.append(tok)
-        if len(out) == n:
-            break
-    return out
-
-
 def speculate(target: str, drafter: str, placement: str, device: str, prompts: list[str], n_max: int,
               max_tokens: int, devices: list[str]) -> dict[str, Any]:
     """Greedy generations, a stream, a cancelled stream, and a sampled run of one configuration."""
     from pydflash2 import Speculator
 
     llm = make_llm(target, placement, devices)
-    res: dict[str, Any] = {"plain": {p: plain_greedy(llm, p, max_tokens) for p in prompts}}
+    res: dict[str, Any] = {"plain": {p: greedy_generate(llm, p, max_tokens) for p in prompts}}
     with Speculator(llm, drafter, n_max=n_max, device=device) as spec:
         res["drafter_device"] = spec.drafter.device if spec.drafter else None
         res["greedy"] = {}
@@ -294,7 +283,7 @@ MAX_TOKENS = 20
 @pytest.fixture(scope="module")
 def cpu_reference(models) -> dict[str, list[int]]:
     llm = make_llm(models["target"], "cpu", [])
-    return {p: plain_greedy(llm, p, MAX_TOKENS) for p in PROMPTS}
+    return {p: greedy_generate(llm, p, MAX_TOKENS) for p in PROMPTS}
 
 
 # ---------------------------------------------------------------- tests
