@@ -1,0 +1,303 @@
+#include "drafter/drafter.h"
+
+#include "common/errors.h"
+#include "common/json_writer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+namespace pdf2 {
+
+namespace {
+constexpr int INJECT_CHUNK = 64;  // inject graphs exist for 1..64 rows; longer injects are chunked
+}
+
+Drafter::Drafter(const std::string & drafter_path, const std::string & target_path, const DrafterOptions & opts) {
+    if (opts.cache_type != GGML_TYPE_F16 && opts.cache_type != GGML_TYPE_F32) {
+        throw Error("cache type must be f16 or f32");
+    }
+    ModelOptions mo;
+    mo.device = opts.device;
+    mo.n_threads = opts.n_threads;
+    model_ = std::make_shared<DrafterModel>(drafter_path, target_path, mo);
+    init(opts);
+}
+
+Drafter::Drafter(std::shared_ptr<DrafterModel> model, const DrafterOptions & opts) : model_(std::move(model)) {
+    if (!model_) {
+        throw Error("the drafter to share weights with has no model");
+    }
+    if (opts.cache_type != GGML_TYPE_F16 && opts.cache_type != GGML_TYPE_F32) {
+        throw Error("cache type must be f16 or f32");
+    }
+    init(opts);
+}
+
+void Drafter::init(const DrafterOptions & opts) {
+    cache_ = std::make_unique<DrafterCache>(*model_, opts.n_ctx, opts.cache_type);
+    std::vector<ggml_context *> external = model_->weight_contexts();
+    external.push_back(cache_->context());
+    sched_ = std::make_unique<DrafterSched>(model_->backend(), model_->backend_cpu(), drafter_graph_size(*model_),
+                                            external);
+    const char * reuse = std::getenv("PYDFLASH2_DEBUG_REUSE_SPLIT_GRAPHS");
+    reuse_split_graphs_ = reuse != nullptr && std::string(reuse) == "1";
+}
+
+Drafter::~Drafter() {
+    sched_.reset();  // before the graphs it may hold
+    graph_.reset();
+    stale_graphs_.clear();
+}
+
+DrafterGraph & Drafter::graph_for(const GraphKey & key) {
+    if (graph_ && graph_key_ == key && sched_->held() == graph_.get()) {
+        return *graph_;  // allocated, inputs in place: runs again as is
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    struct AddSetupTime {  // also when building or allocating throws
+        double & total;
+        std::chrono::steady_clock::time_point t0;
+        ~AddSetupTime() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+    } add_setup_time{graph_setup_s_, t0};
+    sched_->release();
+    if (graph_ && reuse_split_graphs_) stale_graphs_.emplace_back(graph_key_, std::move(graph_));
+    graph_.reset();
+    for (auto it = stale_graphs_.begin(); it != stale_graphs_.end(); ++it) {
+        if (it->first == key) {
+            // test hook: the pre-fix behaviour, a split graph reused in a new schedule
+            graph_ = std::move(it->second);
+            stale_graphs_.erase(it);
+            for (ggml_tensor * t = ggml_get_first_tensor(graph_->ctx); t; t = ggml_get_next_tensor(graph_->ctx, t)) {
+                t->data = nullptr;
+                t->buffer = nullptr;
+            }
+            break;
+        }
+    }
+    if (!graph_) {
+        graph_ = key.propose ? build_propose_graph(*model_, *cache_, key.n, key.n_kv, key.n_inject)
+                             : build_inject_graph(*model_, *cache_, key.n);
+        ++n_graph_builds_;
+    }
+    graph_key_ = key;
+    try {
+        sched_->alloc(*graph_);
+    } catch (...) {
+        graph_.reset();
+        throw;
+    }
+    return *graph_;
+}
+
+void Drafter::compute(DrafterGraph & g, const std::function<void()> & set_inputs) {
+    set_inputs();
+    sched_->compute(g);
+}
+
+// KQ mask of n block queries over the first n_kv cache rows: context rows
+// [0, n_cached) and the block rows right after them; -inf elsewhere.
+void Drafter::fill_mask(std::vector<uint16_t> & mask, int n_kv, const int32_t * q_pos, int n, bool swa) const {
+    const auto & hp = hparams();
+    const auto & kpos = cache_->positions();
+    const int n_ctx_rows = static_cast<int>(kpos.size());
+    const ggml_fp16_t NEG = ggml_fp32_to_fp16(-INFINITY);
+    const ggml_fp16_t ZERO = ggml_fp32_to_fp16(0.0f);
+    mask.assign(static_cast<size_t>(n_kv) * n, NEG);
+    for (int i = 0; i < n; ++i) {
+        uint16_t * row = mask.data() + static_cast<size_t>(i) * n_kv;
+        auto allowed = [&](int32_t kp) {
+            if (hp.causal && kp > q_pos[i]) return false;
+            if (swa && static_cast<int64_t>(q_pos[i]) - kp >= static_cast<int64_t>(hp.sliding_window)) return false;
+            return true;
+        };
+        for (int r = 0; r < n_ctx_rows; ++r) {
+            if (allowed(kpos[r])) row[r] = ZERO;
+        }
+        for (int j = 0; j < n; ++j) {
+            if (allowed(q_pos[j])) row[n_ctx_rows + j] = ZERO;
+        }
+    }
+}
+
+void Drafter::check_inject(const float * features, size_t width, const int32_t * positions, int n) const {
+    const size_t want = static_cast<size_t>(feature_width());
+    if (width != want) {
+        throw Error("feature width mismatch: got " + std::to_string(width) + " floats per row, the drafter expects " +
+                    std::to_string(want) + " (" + std::to_string(hparams().target_layers.size()) +
+                    " target layers x hidden size " + std::to_string(hparams().n_embd) + ")");
+    }
+    if (n <= 0) {
+        throw Error("inject needs at least one row");
+    }
+    if (features == nullptr || positions == nullptr) {
+        throw Error("inject: features/positions are NULL");
+    }
+    int32_t prev = cache_->last_pos();
+    for (int i = 0; i < n; ++i) {
+        if (positions[i] <= prev) {
+            throw Error("inject positions must be strictly increasing and after the cache end (last cached position " +
+                        std::to_string(cache_->last_pos()) + "); got " + std::to_string(positions[i]) + " at row " +
+                        std::to_string(i));
+        }
+        prev = positions[i];
+    }
+    if (static_cast<uint64_t>(cache_->n_cached()) + n > cache_->n_ctx()) {
+        throw Error("drafter cache full: " + std::to_string(cache_->n_cached()) + " rows cached + " + std::to_string(n) +
+                    " new > n_ctx " + std::to_string(cache_->n_ctx()) + " (truncate or use a larger n_ctx)");
+    }
+}
+
+void Drafter::inject(const float * features, size_t width, const int32_t * positions, int n) {
+    check_inject(features, width, positions, n);
+    const size_t want = static_cast<size_t>(feature_width());
+    for (int off = 0; off < n; off += INJECT_CHUNK) {
+        const int m = std::min(INJECT_CHUNK, n - off);
+        DrafterGraph & g = graph_for({false, m, 0});
+        std::vector<int64_t> rows(m);
+        for (int i = 0; i < m; ++i) rows[i] = cache_->n_cached() + i;
+        compute(g, [&] {
+            ggml_backend_tensor_set(g.features, features + static_cast<size_t>(off) * want, 0,
+                                    static_cast<size_t>(m) * want * sizeof(float));
+            ggml_backend_tensor_set(g.pos, positions + off, 0, m * sizeof(int32_t));
+            ggml_backend_tensor_set(g.rows, rows.data(), 0, m * sizeof(int64_t));
+        });
+        cache_->commit(positions + off, m);
+    }
+}
+
+void Drafter::truncate(int32_t pos) {
+    if (pos < 0) {
+        throw Error("truncate position must be >= 0, got " + std::to_string(pos));
+    }
+    cache_->truncate(pos);
+}
+
+const Proposal & Drafter::propose(int32_t anchor, int32_t pos, int n) {
+    return inject_and_propose(nullptr, 0, nullptr, 0, anchor, pos, n);
+}
+
+const Proposal & Drafter::inject_and_propose(const float * features, size_t width, const int32_t * positions, int m,
+                                             int32_t anchor, int32_t pos, int n) {
+    if (m > max_fused_inject()) {
+        inject(features, width, positions, m);
+        m = 0;
+    }
+    if (m > 0) {
+        check_inject(features, width, positions, m);
+    }
+    const auto & hp = hparams();
+    if (n < 2 || static_cast<uint32_t>(n) > hp.block_size) {
+        throw Error("block length " + std::to_string(n) + " is outside [2, block_size = " +
+                    std::to_string(hp.block_size) + "]");
+    }
+    if (anchor < 0 || static_cast<uint32_t>(anchor) >= hp.n_vocab) {
+        throw Error("anchor token " + std::to_string(anchor) + " is outside the vocabulary [0, " +
+                    std::to_string(hp.n_vocab) + ")");
+    }
+    const int32_t last_pos = m > 0 ? positions[m - 1] : cache_->last_pos();
+    if (pos <= last_pos || pos < 0) {
+        throw Error("block position " + std::to_string(pos) + " is not after the cache end (last cached position " +
+                    std::to_string(last_pos) + ")");
+    }
+    if (pos > INT32_MAX - n) {
+        throw Error("block position overflows");
+    }
+    const int n_kv = static_cast<int>(cache_->bucket_for(static_cast<uint32_t>(m + n)));
+    DrafterGraph & g = graph_for({true, n, n_kv, m});
+
+    const uint32_t row0 = cache_->n_cached();
+    std::vector<int64_t> inj_rows(static_cast<size_t>(m));
+    for (int i = 0; i < m; ++i) inj_rows[static_cast<size_t>(i)] = row0 + i;
+    std::vector<int32_t> tokens(n, hp.mask_token_id);
+    tokens[0] = anchor;
+    std::vector<int32_t> qpos(n);
+    std::vector<int64_t> rows(n);
+    for (int i = 0; i < n; ++i) {
+        qpos[i] = pos + i;
+        rows[i] = row0 + m + i;
+    }
+    // the injected rows are context rows of this block's masks: commit their positions
+    // first, and take them back if the graph fails
+    if (m > 0) cache_->commit(positions, static_cast<uint32_t>(m));
+    last_ = Proposal();
+    try {
+        std::vector<uint16_t> mask, mask_swa;
+        fill_mask(mask, n_kv, qpos.data(), n, false);
+        if (g.mask_swa) fill_mask(mask_swa, n_kv, qpos.data(), n, true);
+        compute(g, [&] {
+            if (m > 0) {
+                ggml_backend_tensor_set(g.inj_features, features, 0, static_cast<size_t>(m) * width * sizeof(float));
+                ggml_backend_tensor_set(g.inj_pos, positions, 0, m * sizeof(int32_t));
+                ggml_backend_tensor_set(g.inj_rows, inj_rows.data(), 0, m * sizeof(int64_t));
+            }
+            ggml_backend_tensor_set(g.tokens, tokens.data(), 0, n * sizeof(int32_t));
+            ggml_backend_tensor_set(g.pos, qpos.data(), 0, n * sizeof(int32_t));
+            ggml_backend_tensor_set(g.rows, rows.data(), 0, n * sizeof(int64_t));
+            ggml_backend_tensor_set(g.mask, mask.data(), 0, mask.size() * sizeof(uint16_t));
+            if (g.mask_swa) ggml_backend_tensor_set(g.mask_swa, mask_swa.data(), 0, mask_swa.size() * sizeof(uint16_t));
+        });
+    } catch (...) {
+        if (m > 0) cache_->truncate(positions[0]);
+        throw;
+    }
+
+    // one read-back per block
+    const int P = n - 1;
+    readback_.resize(ggml_nelements(g.out));
+    ggml_backend_tensor_get(g.out, readback_.data(), 0, ggml_nbytes(g.out));
+    if (model_->is_v2()) {
+        const int k = static_cast<int>(hp.selector_top_k);
+        const int w = k + k * k;
+        Lattice & lat = last_.lattice;
+        lat.n_pos = P;
+        lat.k = k;
+        lat.cand.resize(static_cast<size_t>(P) * k);
+        lat.scores.resize(static_cast<size_t>(P) * k * k);
+        for (int i = 0; i < P; ++i) {
+            const float * row = readback_.data() + static_cast<size_t>(i) * w;
+            for (int c = 0; c < k; ++c) lat.cand[static_cast<size_t>(i) * k + c] = static_cast<int32_t>(row[c]);
+            std::copy(row + k, row + w, lat.scores.begin() + static_cast<std::ptrdiff_t>(i) * k * k);
+        }
+    } else {
+        last_.logits.assign(readback_.begin(), readback_.end());
+    }
+    last_.anchor = anchor;
+    last_.pos = pos;
+    last_.n = n;
+    return last_;
+}
+
+WalkResult Drafter::walk(WalkMode mode, float temperature, uint64_t seed, int top_k) const {
+    if (!last_.valid()) {
+        throw Error("walk: no proposal yet (call propose first)");
+    }
+    if (mode != WalkMode::Greedy && mode != WalkMode::Sample && mode != WalkMode::Viterbi) {
+        throw Error("unknown walk mode");
+    }
+    if (model_->is_v2()) {
+        return walk_lattice(last_.lattice, mode, temperature, seed);
+    }
+    return walk_logits(last_.logits.data(), last_.n - 1, static_cast<int>(hparams().n_vocab), mode, temperature, seed,
+                       top_k);
+}
+
+std::string Drafter::info_json() const {
+    JsonWriter w;
+    w.begin_object();
+    w.field("device", model_->device_name());
+    w.field("n_threads", model_->n_threads());
+    w.field("n_ctx", cache_->n_ctx());
+    w.field("cache_capacity", cache_->capacity());
+    w.field("cache_type", ggml_type_name(cache_->type()));
+    w.field("target_head_mapped", model_->target_head_mapped());
+    w.field("n_graph_builds", n_graph_builds_);
+    w.field("weights_address", static_cast<int64_t>(reinterpret_cast<intptr_t>(model_.get())));
+    w.field("weights_users", static_cast<int64_t>(model_.use_count()));  // drafters sharing these weights
+    w.end_object();
+    return w.str();
+}
+
+}  // namespace pdf2

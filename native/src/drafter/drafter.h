@@ -1,0 +1,111 @@
+// Drafter: model + KV cache + cached graphs + scheduler. The C++ entry point
+// for the draft-verify loop: inject() committed target features, propose() a
+// block, walk() it; truncate() rolls the cache back.
+#pragma once
+
+#include "drafter/drafter_cache.h"
+#include "drafter/drafter_graph.h"
+#include "drafter/drafter_model.h"
+#include "drafter/drafter_sched.h"
+#include "drafter/selector_walk.h"
+
+#include <ggml-backend.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pdf2 {
+
+struct DrafterOptions {
+    std::string device;  // "" or "auto": first GPU, else CPU; or a ggml device name
+    int n_threads = 0;
+    uint32_t n_ctx = 4096;
+    ggml_type cache_type = GGML_TYPE_F16;
+};
+
+// Result of the last propose(): a lattice (DFlash2) or logits (DFlash1) of
+// the n-1 drafted positions.
+struct Proposal {
+    int32_t anchor = -1;
+    int32_t pos = -1;
+    int n = 0;  // block length; n-1 drafted positions
+    Lattice lattice;            // DFlash2
+    std::vector<float> logits;  // DFlash1: [n-1][n_vocab]
+    bool valid() const { return n > 0; }
+};
+
+class Drafter {
+  public:
+    Drafter(const std::string & drafter_path, const std::string & target_path, const DrafterOptions & opts);
+    // over a model another drafter loaded (its weights, device and threads);
+    // opts give the cache only. Drafters sharing a model run one at a time.
+    Drafter(std::shared_ptr<DrafterModel> model, const DrafterOptions & opts);
+    ~Drafter();
+    Drafter(const Drafter &) = delete;
+    Drafter & operator=(const Drafter &) = delete;
+
+    const DrafterModel & model() const { return *model_; }
+    std::shared_ptr<DrafterModel> shared_model() const { return model_; }
+    const DrafterHParams & hparams() const { return model_->hparams(); }
+    const DrafterCache & cache() const { return *cache_; }
+    int feature_width() const { return static_cast<int>(hparams().target_layers.size() * hparams().n_embd); }
+
+    // features: n rows of feature_width() floats; positions strictly increasing, after the cache end
+    void inject(const float * features, size_t width, const int32_t * positions, int n);
+    void truncate(int32_t pos);
+    const Proposal & propose(int32_t anchor, int32_t pos, int n);
+    // inject(features, width, positions, m) and propose(anchor, pos, n) as ONE graph computation
+    // (m <= max_fused_inject(), else the rows are injected by a graph of their own first).
+    // Same numbers as the two calls: the injected rows go through the same ops.
+    const Proposal & inject_and_propose(const float * features, size_t width, const int32_t * positions, int m,
+                                        int32_t anchor, int32_t pos, int n);
+    static constexpr int max_fused_inject() { return 64; }
+    const Proposal & last() const { return last_; }
+    // walks the last proposal; top_k applies to DFlash1 only (DFlash2 uses selector_top_k)
+    WalkResult walk(WalkMode mode, float temperature, uint64_t seed, int top_k) const;
+
+    std::string info_json() const;
+
+    // Seconds spent building and allocating graphs (inside inject/propose), and how many were built:
+    // the engine reports them as their own phase of a step.
+    double graph_setup_seconds() const { return graph_setup_s_; }
+    uint64_t n_graph_builds() const { return n_graph_builds_; }
+
+  private:
+    // the shape a graph is built for: inject of n rows, or propose of n over n_kv
+    struct GraphKey {
+        bool propose = false;
+        int n = 0;
+        int n_kv = 0;
+        int n_inject = 0;  // propose graphs that inject rows first
+        bool operator==(const GraphKey & o) const {
+            return propose == o.propose && n == o.n && n_kv == o.n_kv && n_inject == o.n_inject;
+        }
+    };
+    void check_inject(const float * features, size_t width, const int32_t * positions, int n) const;
+    // the graph for key: the one the scheduler holds if it has that shape, else a fresh one, allocated
+    DrafterGraph & graph_for(const GraphKey & key);
+    void compute(DrafterGraph & g, const std::function<void()> & set_inputs);
+    void fill_mask(std::vector<uint16_t> & mask, int n_kv, const int32_t * q_pos, int n, bool swa) const;
+
+    void init(const DrafterOptions & opts);
+
+    std::shared_ptr<DrafterModel> model_;
+    std::unique_ptr<DrafterCache> cache_;
+    std::unique_ptr<DrafterSched> sched_;
+    std::unique_ptr<DrafterGraph> graph_;  // the last graph built (see drafter_sched.h for why only one)
+    GraphKey graph_key_;
+    uint64_t n_graph_builds_ = 0;
+    double graph_setup_s_ = 0;
+    // test hook (PYDFLASH2_DEBUG_REUSE_SPLIT_GRAPHS=1): keep split graphs and
+    // reuse them in later schedules, the bug DrafterSched::check must catch
+    bool reuse_split_graphs_ = false;
+    std::vector<std::pair<GraphKey, std::unique_ptr<DrafterGraph>>> stale_graphs_;
+    Proposal last_;
+    std::vector<float> readback_;
+};
+
+}  // namespace pdf2

@@ -1,0 +1,623 @@
+#include "engine/batch_engine.h"
+
+#include "common/errors.h"
+#include "common/json_writer.h"
+#include "engine/verify.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <string>
+
+namespace pdf2 {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int MAX_SLOTS = 64;
+constexpr uint32_t BATCH_ROWS = 512;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// capture: installed as the graph evaluation callback (targets without layer-input taps), or null
+llama_context * make_context(llama_model * model, const BatchEngineOptions & o, CallbackCapture * capture) {
+    if (model == nullptr) {
+        throw Error("target model is NULL");
+    }
+    if (o.n_slots < 1 || o.n_slots > MAX_SLOTS) {
+        throw Error("number of slots must be in 1.." + std::to_string(MAX_SLOTS) + ", got " + std::to_string(o.n_slots));
+    }
+    if (o.n_ctx_slot < 32) {
+        throw Error("context per slot must be at least 32 tokens, got " + std::to_string(o.n_ctx_slot));
+    }
+    const int64_t total = static_cast<int64_t>(o.n_ctx_slot) * o.n_slots;
+    if (total > (int64_t{1} << 24)) {
+        throw Error("context per slot x slots = " + std::to_string(total) + " tokens is too large");
+    }
+    llama_context_params p = llama_context_default_params();
+    p.n_ctx = static_cast<uint32_t>(total);
+    p.n_batch = BATCH_ROWS;
+    p.n_ubatch = BATCH_ROWS;
+    p.n_seq_max = static_cast<uint32_t>(o.n_slots);
+    // One KV stream per slot: a slot's K/V rows sit at the cells of their
+    // positions, as in a single-sequence context, so attention sums them in
+    // the same order whatever the other slots hold (a unified cache
+    // interleaves the slots' cells and changes the SIMD grouping).
+    p.kv_unified = false;
+    if (o.n_threads > 0) {
+        p.n_threads = o.n_threads;
+    }
+    if (o.n_threads_batch > 0) {
+        p.n_threads_batch = o.n_threads_batch;
+    }
+    p.flash_attn_type = o.flash_attn < 0 ? LLAMA_FLASH_ATTN_TYPE_AUTO
+                        : o.flash_attn == 0 ? LLAMA_FLASH_ATTN_TYPE_DISABLED
+                                            : LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    p.no_perf = true;
+    if (capture != nullptr) {
+        p.cb_eval = &CallbackCapture::eval_callback;
+        p.cb_eval_user_data = capture;
+    }
+    llama_context * ctx = llama_init_from_model(model, p);
+    if (ctx == nullptr) {
+        throw Error("failed to create the target context (" + std::to_string(total) + " tokens, " +
+                    std::to_string(o.n_slots) + " sequences)");
+    }
+    return ctx;
+}
+
+std::vector<int32_t> feature_layers(const std::vector<Drafter *> & drafters, int n_max) {
+    if (n_max == 0 || drafters.empty() || drafters[0] == nullptr) {
+        return {};
+    }
+    return drafters[0]->hparams().target_layers;
+}
+
+}  // namespace
+
+BatchEngine::BatchEngine(llama_model * model, const std::vector<Drafter *> & drafters, const BatchEngineOptions & opts)
+    : opts_(opts),
+      ctx_(make_context(model, opts, capture_for(model, feature_layers(drafters, opts.n_max)))),
+      target_(ctx_.get(), feature_layers(drafters, opts.n_max), capture_for(model, feature_layers(drafters, opts.n_max))) {
+    if (opts.n_max < -1) {
+        throw Error("n_max must be >= 0, or -1 for adaptive");
+    }
+    slots_.resize(static_cast<size_t>(opts.n_slots));
+    if (opts.n_max != 0) {
+        if (drafters.size() != slots_.size()) {
+            throw Error("speculative decoding needs one drafter per slot (" + std::to_string(slots_.size()) +
+                        "), got " + std::to_string(drafters.size()) + " (or n_max = 0 for plain decoding)");
+        }
+        max_draft_ = target_.n_batch() - 1;
+        for (size_t i = 0; i < drafters.size(); ++i) {
+            Drafter * d = drafters[i];
+            if (d == nullptr) {
+                throw Error("drafter of slot " + std::to_string(i) + " is NULL");
+            }
+            for (size_t j = 0; j < i; ++j) {
+                if (drafters[j] == d) {
+                    throw Error("slots " + std::to_string(j) + " and " + std::to_string(i) +
+                                " share one drafter: each slot needs its own (its cache holds that slot's context)");
+                }
+            }
+            const DrafterHParams & hp = d->hparams();
+            if (hp.target_layers != drafters[0]->hparams().target_layers) {
+                throw Error("the slots' drafters tap different target layers");
+            }
+            if (static_cast<int32_t>(hp.n_embd) != target_.n_embd()) {
+                throw Error("drafter hidden size " + std::to_string(hp.n_embd) + " does not match the target's " +
+                            std::to_string(target_.n_embd()));
+            }
+            if (static_cast<int32_t>(hp.n_vocab) != target_.n_vocab()) {
+                throw Error("drafter vocabulary (" + std::to_string(hp.n_vocab) + ") does not match the target's (" +
+                            std::to_string(target_.n_vocab()) + ")");
+            }
+            if (d->cache().n_ctx() < static_cast<uint32_t>(opts.n_ctx_slot)) {
+                throw Error("drafter cache (" + std::to_string(d->cache().n_ctx()) +
+                            " rows) is smaller than the context per slot (" + std::to_string(opts.n_ctx_slot) + ")");
+            }
+            max_draft_ = std::min<int>(max_draft_, static_cast<int>(hp.block_size) - 1);
+            slots_[i].drafter = d;
+        }
+        if (opts.n_max > 0) {
+            max_draft_ = std::min(max_draft_, opts.n_max);
+        }
+        feed_drafters_ = true;
+    }
+    shared_policy_ = DraftLengthPolicy(max_draft_);
+    for (Slot & s : slots_) {
+        s.policy = shared_policy_;
+    }
+    target_.claim();
+    batch_cap_ = target_.n_batch();
+    if (batch_cap_ < opts.n_slots) {
+        throw Error("target batch (" + std::to_string(batch_cap_) + " rows) is smaller than the number of slots");
+    }
+    batch_ = llama_batch_init(batch_cap_, 0, 1);
+    stats_.accepted_per_pos.assign(static_cast<size_t>(max_draft_), 0);
+}
+
+BatchEngine::~BatchEngine() { llama_batch_free(batch_); }
+
+CallbackCapture * BatchEngine::capture_for(const llama_model * model, const std::vector<int32_t> & layers) {
+    if (model == nullptr || layers.empty() || capture_path(model_arch(model)) != CapturePath::Callback) {
+        return nullptr;  // no features wanted, or llama.cpp's own taps give them
+    }
+    return &capture_;
+}
+
+BatchEngine::Slot & BatchEngine::slot_at(int slot) {
+    if (slot < 0 || slot >= n_slots()) {
+        throw Error("slot " + std::to_string(slot) + " does not exist (0.." + std::to_string(n_slots() - 1) + ")");
+    }
+    return slots_[static_cast<size_t>(slot)];
+}
+
+void BatchEngine::set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s) {
+    costs_verify_ = verify_s;
+    costs_draft_ = draft_s;
+    shared_policy_.set_costs(verify_s, draft_s);
+    for (Slot & s : slots_) {
+        s.policy.set_costs(verify_s, draft_s);
+    }
+}
+
+void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, const SamplingParams & sampling) {
+    Slot & s = slot_at(slot);
+    if (s.state != State::Idle) {
+        throw Error("slot " + std::to_string(slot) + " is busy: stop it first");
+    }
+    if (prompt.empty()) {
+        throw Error("the prompt is empty: at least one token is needed");
+    }
+    if (static_cast<int32_t>(prompt.size()) >= opts_.n_ctx_slot) {
+        throw Error("the prompt (" + std::to_string(prompt.size()) + " tokens) does not fit the context (" +
+                    std::to_string(opts_.n_ctx_slot) + " tokens)");
+    }
+    for (const llama_token t : prompt) {
+        if (t < 0 || t >= target_.n_vocab()) {
+            throw Error("token id " + std::to_string(t) + " is outside the target vocabulary");
+        }
+    }
+    auto sampler = std::make_unique<TargetSampler>(sampling, target_.n_vocab());  // validates the parameters
+    const int32_t keep = reuse_prefix(s, slot, prompt);
+    s.sampler = std::move(sampler);
+    s.prompt = prompt;
+    s.history = prompt;  // positions >= keep are prefilled next
+    s.n_prefilled = keep;
+    s.n_reused = keep;
+    s.pos = 0;
+    s.anchor = -1;
+    stats_.n_prompt_reused += keep;
+    s.policy = shared_policy_;  // the costs, and the acceptance seen so far
+    s.state = State::Prefill;
+}
+
+void BatchEngine::stop(int slot) {
+    Slot & s = slot_at(slot);
+    if (s.state == State::Idle) {
+        return;
+    }
+    // what the sequence holds: the prefilled prompt rows, or every committed row
+    const int32_t held = s.state == State::Prefill ? s.n_prefilled : s.pos;
+    s.history.resize(static_cast<size_t>(std::min<int32_t>(held, static_cast<int32_t>(s.history.size()))));
+    s.state = State::Idle;
+    s.prompt.clear();
+    s.sampler.reset();
+}
+
+int32_t BatchEngine::reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt) {
+    // the common prefix with what the slot holds, leaving at least the last
+    // prompt token to decode (its logits give the first answer token)
+    const size_t limit = std::min(s.history.size(), prompt.size() - 1);
+    size_t keep = 0;
+    while (keep < limit && s.history[keep] == prompt[keep]) {
+        ++keep;
+    }
+    const auto k = static_cast<int32_t>(keep);
+    llama_memory_seq_rm(llama_get_memory(ctx_.get()), slot, k, -1);
+    if (s.drafter != nullptr) {
+        s.drafter->truncate(k);
+        // rows committed but not yet injected: keep those below k (positions ascend)
+        const auto cut = std::lower_bound(s.queued_positions.begin(), s.queued_positions.end(), k);
+        const size_t n_kept = static_cast<size_t>(cut - s.queued_positions.begin());
+        s.queued_positions.resize(n_kept);
+        s.queued_features.resize(n_kept * static_cast<size_t>(target_.feature_width()));
+    }
+    s.history.resize(keep);
+    return k;
+}
+
+int BatchEngine::choose_n_draft(Slot & s) {
+    if (s.drafter == nullptr || max_draft_ == 0) {
+        return 0;
+    }
+    return opts_.n_max < 0 ? s.policy.choose() : max_draft_;
+}
+
+int BatchEngine::batch_draft_length(const std::vector<size_t> & decoding) const {
+    // Each slot's policy prices a block as if it were decoded alone, where a
+    // drafted row costs a fraction of the first (weights are read once). In a
+    // batch of many slots on a CPU every row costs about the same, so the
+    // common length maximises the batch's rate under a linear model: the first
+    // row, plus the marginal row cost measured on one slot for every other row,
+    // plus each slot's (serial) drafter time.
+    const std::vector<double> & v = costs_verify_;
+    const std::vector<double> & d = costs_draft_;
+    const double row = std::max(0.0, (v.back() - v.front()) / static_cast<double>(v.size() - 1));
+    const double b = static_cast<double>(decoding.size());
+    int best = 0;
+    double best_rate = -1.0;
+    for (int n = 0; n <= max_draft_; ++n) {
+        double tokens = 0.0;
+        for (const size_t i : decoding) {
+            tokens += slots_[i].policy.expected_tokens(n);
+        }
+        double seconds = v.front() + (b * (n + 1) - 1.0) * row;
+        if (n > 0 && !d.empty()) {
+            seconds += b * d[std::min(static_cast<size_t>(n - 1), d.size() - 1)];
+        }
+        const double rate = tokens / std::max(seconds, 1e-9);
+        if (rate > best_rate) {
+            best = n;
+            best_rate = rate;
+        }
+    }
+    return best;
+}
+
+void BatchEngine::queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0) {
+    if (!feed_drafters_ || n <= 0) {
+        return;
+    }
+    const auto t0 = Clock::now();
+    target_.features(row0, n, feat_);
+    s.queued_features.insert(s.queued_features.end(), feat_.begin(), feat_.end());
+    for (int32_t i = 0; i < n; ++i) {
+        s.queued_positions.push_back(pos0 + i);
+    }
+    stats_.inject_s += seconds_since(t0);
+}
+
+void BatchEngine::flush_rows(Slot & s) {
+    if (s.queued_positions.empty()) {
+        return;
+    }
+    const auto t0 = Clock::now();
+    const double setup0 = s.drafter->graph_setup_seconds();
+    const uint64_t builds0 = s.drafter->n_graph_builds();
+    s.drafter->inject(s.queued_features.data(), static_cast<size_t>(target_.feature_width()),
+                      s.queued_positions.data(), static_cast<int>(s.queued_positions.size()));
+    s.queued_features.clear();
+    s.queued_positions.clear();
+    const double setup = s.drafter->graph_setup_seconds() - setup0;
+    stats_.graph_setup_s += setup;
+    stats_.n_graph_builds += static_cast<int64_t>(s.drafter->n_graph_builds() - builds0);
+    stats_.inject_s += seconds_since(t0) - setup;
+}
+
+void BatchEngine::draft(Slot & s, int n) {
+    s.drafts.clear();
+    s.q.clear();
+    if (n <= 0) {
+        return;
+    }
+    const auto t0 = Clock::now();
+    const bool greedy = s.sampler->params().greedy();
+    const double setup0 = s.drafter->graph_setup_seconds();
+    const uint64_t builds0 = s.drafter->n_graph_builds();
+    // the rows committed since the last block are injected by the same graph that proposes
+    s.drafter->inject_and_propose(s.queued_features.data(), static_cast<size_t>(target_.feature_width()),
+                                  s.queued_positions.data(), static_cast<int>(s.queued_positions.size()), s.anchor,
+                                  s.pos, n + 1);
+    s.queued_features.clear();
+    s.queued_positions.clear();
+    const double setup = s.drafter->graph_setup_seconds() - setup0;
+    stats_.graph_setup_s += setup;
+    stats_.n_graph_builds += static_cast<int64_t>(s.drafter->n_graph_builds() - builds0);
+    const auto t_walk = Clock::now();
+    stats_.propose_s += std::chrono::duration<double>(t_walk - t0).count() - setup;
+    WalkMode mode = opts_.walk < 0 ? (greedy ? WalkMode::Greedy : WalkMode::Sample) : static_cast<WalkMode>(opts_.walk);
+    if (greedy && mode == WalkMode::Sample) {
+        mode = WalkMode::Greedy;  // a greedy target accepts only its argmax: sampled drafts would be wasted
+    }
+    const float walk_t = mode == WalkMode::Sample ? s.sampler->params().temperature : 0.0f;
+    const WalkResult w = s.drafter->walk(mode, walk_t, s.sampler->rng()(), opts_.q_top_k);
+    s.drafts.assign(w.tokens.begin(), w.tokens.end());
+    s.q.resize(s.drafts.size());
+    for (size_t j = 0; j < s.drafts.size(); ++j) {
+        for (int c = 0; c < w.k; ++c) {
+            const size_t idx = j * static_cast<size_t>(w.k) + static_cast<size_t>(c);
+            if (w.q[idx] > 0.0f) {
+                s.q[j].ids.push_back(w.q_ids[idx]);
+                s.q[j].probs.push_back(w.q[idx]);
+            }
+        }
+    }
+    stats_.walk_s += seconds_since(t_walk);
+    stats_.draft_s += seconds_since(t0);
+}
+
+void BatchEngine::add_row(llama_token token, int32_t pos, int seq, bool logits) {
+    const int32_t i = batch_.n_tokens;
+    batch_.token[i] = token;
+    batch_.pos[i] = pos;
+    batch_.n_seq_id[i] = 1;
+    batch_.seq_id[i][0] = seq;
+    batch_.logits[i] = logits ? 1 : 0;
+    batch_.n_tokens = i + 1;
+}
+
+void BatchEngine::decode_batch(bool prefill) {
+    // On the callback path the capture copies the batch's rows of every feature
+    // layer. A batch is one ubatch (at most n_ubatch rows; one sequence, or equal
+    // rows per sequence in slot order), so the graph's rows are the batch's rows in
+    // order, as with the taps; any other split fails check_complete's shape test.
+    const bool capturing = target_.capture_path() == CapturePath::Callback && !target_.feature_layers().empty();
+    if (capturing) {
+        capture_.arm(target_.feature_layers(), target_.n_embd(), batch_.n_tokens);
+    }
+    const auto t0 = Clock::now();
+    const int32_t rc = llama_decode(ctx_.get(), batch_);
+    const double dt = seconds_since(t0);
+    stats_.decode_s += dt;
+    (prefill ? stats_.prefill_decode_s : stats_.verify_decode_s) += dt;
+    if (capturing) {
+        capture_.disarm();
+    }
+    if (rc != 0) {
+        throw Error("target llama_decode failed (code " + std::to_string(rc) + ") on a batch of " +
+                    std::to_string(batch_.n_tokens) + " rows");
+    }
+    if (capturing) {
+        capture_.check_complete(target_.arch());
+    }
+    stats_.n_steps += 1;
+    stats_.n_rows += batch_.n_tokens;
+}
+
+int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
+    struct AddStepTime {  // also when the step throws
+        double & total;
+        Clock::time_point t0;
+        ~AddStepTime() { total += seconds_since(t0); }
+    } add_step_time{stats_.step_s, Clock::now()};
+    counts.assign(slots_.size(), 0);
+    tokens.assign(slots_.size() * (static_cast<size_t>(max_draft_) + 1), -1);
+    int rows = 0;
+
+    // 1. drafts. Every decoding slot verifies the same number of rows: llama.cpp
+    // splits a multi-sequence batch into ubatches of equal rows per sequence,
+    // so equal rows keep it one ubatch (and our rows in batch order). The
+    // common draft length is the longest any slot's policy asks for.
+    int n_decode = 0;
+    int n_common = 0;
+    std::vector<size_t> decoding;
+    std::vector<int> wish(slots_.size(), 0);
+    for (size_t i = 0; i < slots_.size(); ++i) {
+        Slot & s = slots_[i];
+        if (s.state == State::Decode && s.pos >= opts_.n_ctx_slot) {
+            s.state = State::Full;
+            counts[i] = -1;
+        }
+        if (s.state == State::Decode) {
+            n_decode += 1;
+            decoding.push_back(i);
+            wish[i] = choose_n_draft(s);
+            n_common = std::max(n_common, wish[i]);
+        }
+    }
+    const bool adaptive = opts_.n_max < 0 && max_draft_ > 0 && costs_verify_.size() >= 2;
+    if (adaptive && n_decode > 1) {
+        n_common = batch_draft_length(decoding);
+    }
+    const int share = n_decode > 0 ? batch_cap_ / n_decode - 1 : 0;
+    std::map<int, std::vector<int>> groups;  // verify rows -> slots (a slot near its context end drafts less)
+    for (size_t i = 0; i < slots_.size(); ++i) {
+        Slot & s = slots_[i];
+        if (s.state != State::Decode) {
+            continue;
+        }
+        // the verify rows [anchor, d1..dn] must fit the slot's context
+        // a probing slot drafts its probe (in a group of its own when the others do not draft)
+        const int want = adaptive && n_decode > 1 && s.policy.probing() ? std::max(wish[i], n_common) : n_common;
+        const int n = s.drafter == nullptr ? 0 : std::min({want, opts_.n_ctx_slot - s.pos - 1, share});
+        draft(s, n);
+        groups[n + 1].push_back(static_cast<int>(i));
+    }
+
+    // 2. one target decode per group of equal rows (normally one), slots in order
+    for (const auto & [n_rows, members] : groups) {
+        batch_.n_tokens = 0;
+        for (const int i : members) {
+            Slot & s = slots_[static_cast<size_t>(i)];
+            s.row0 = batch_.n_tokens;
+            add_row(s.anchor, s.pos, i, true);
+            for (size_t j = 0; j < s.drafts.size(); ++j) {
+                add_row(s.drafts[j], s.pos + 1 + static_cast<int32_t>(j), i, true);
+            }
+        }
+        decode_batch(false);
+        rows += batch_.n_tokens;
+        for (const int i : members) {
+            finish_decode(i, slots_[static_cast<size_t>(i)], counts, tokens);
+        }
+    }
+
+    // 3. prompt chunks, one decode per slot (a sequence alone is one ubatch), at
+    // most batch_cap_ prompt rows per step so that decoding slots keep their pace
+    const int n_slots_i = n_slots();
+    int budget = batch_cap_;
+    for (int k = 0; k < n_slots_i && budget > 0; ++k) {
+        const int i = (prefill_cursor_ + k) % n_slots_i;
+        Slot & s = slots_[static_cast<size_t>(i)];
+        if (s.state != State::Prefill) {
+            continue;
+        }
+        const int32_t left = static_cast<int32_t>(s.prompt.size()) - s.n_prefilled;
+        const int32_t chunk = std::min(left, budget);
+        batch_.n_tokens = 0;
+        s.row0 = 0;
+        for (int32_t j = 0; j < chunk; ++j) {
+            const int32_t p = s.n_prefilled + j;
+            add_row(s.prompt[static_cast<size_t>(p)], p, i, j == left - 1 || target_.outputs_all_rows());
+        }
+        s.n_rows = chunk;
+        decode_batch(true);
+        rows += chunk;
+        budget -= chunk;
+        finish_prefill(i, s, counts, tokens);
+    }
+    prefill_cursor_ = (prefill_cursor_ + 1) % n_slots_i;
+    return rows;
+}
+
+void BatchEngine::finish_decode(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
+    const auto t0 = Clock::now();
+    const size_t width = static_cast<size_t>(max_draft_) + 1;
+    const int n = static_cast<int>(s.drafts.size());
+    std::vector<const float *> rows(static_cast<size_t>(n) + 1);
+    for (int j = 0; j <= n; ++j) {
+        rows[static_cast<size_t>(j)] = llama_get_logits_ith(ctx_.get(), s.row0 + j);
+        if (rows[static_cast<size_t>(j)] == nullptr) {
+            throw Error("target produced no logits for batch row " + std::to_string(s.row0 + j));
+        }
+    }
+    const VerifyResult v = s.sampler->params().greedy() ? verify_greedy(s.drafts, rows, target_.n_vocab())
+                                                         : verify_stochastic(s.drafts, s.q, rows, *s.sampler);
+    const int k = v.n_accepted;
+    if (n > 0) {
+        llama_memory_seq_rm(llama_get_memory(ctx_.get()), idx, s.pos + k + 1, -1);  // rejected drafts
+    }
+    stats_.verify_logic_s += seconds_since(t0);
+    queue_rows(s, s.row0, k + 1, s.pos);  // anchor + accepted drafts are committed
+    s.history.push_back(s.anchor);
+    s.history.insert(s.history.end(), s.drafts.begin(), s.drafts.begin() + k);
+    llama_token * out = tokens.data() + static_cast<size_t>(idx) * width;
+    for (int j = 0; j < k; ++j) {
+        out[j] = s.drafts[static_cast<size_t>(j)];
+    }
+    out[k] = v.next;
+    counts[static_cast<size_t>(idx)] = k + 1;
+    stats_.n_generated += k + 1;
+    if (n > 0) {
+        stats_.n_drafts += 1;
+        stats_.n_draft_tokens += n;
+        stats_.n_accepted += k;
+        for (int j = 0; j < k; ++j) {
+            stats_.accepted_per_pos[static_cast<size_t>(j)] += 1;
+        }
+        s.policy.observe(n, k);
+        shared_policy_.observe(n, k);
+    }
+    s.pos += k + 1;
+    s.anchor = v.next;
+}
+
+void BatchEngine::finish_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
+    queue_rows(s, s.row0, s.n_rows, s.n_prefilled);
+    s.n_prefilled += s.n_rows;
+    stats_.n_prompt += s.n_rows;
+    if (s.n_prefilled < static_cast<int32_t>(s.prompt.size())) {
+        return;
+    }
+    const float * logits = llama_get_logits_ith(ctx_.get(), s.row0 + s.n_rows - 1);
+    if (logits == nullptr) {
+        throw Error("target produced no logits for the last prompt row");
+    }
+    llama_token first;
+    if (s.sampler->params().greedy()) {
+        first = argmax_token(logits, target_.n_vocab());
+    } else {
+        SparseDist p;
+        s.sampler->distribution(logits, p);
+        first = s.sampler->draw(p);
+    }
+    s.state = State::Decode;
+    s.pos = s.n_prefilled;
+    s.anchor = first;
+    tokens[static_cast<size_t>(idx) * (static_cast<size_t>(max_draft_) + 1)] = first;
+    counts[static_cast<size_t>(idx)] = 1;
+    stats_.n_generated += 1;
+}
+
+void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify_s, std::vector<double> & draft_s) {
+    Slot & s = slot_at(slot);
+    if (s.state != State::Decode || s.drafter == nullptr) {
+        throw Error("measure_costs() needs a slot that has finished its prefill and a drafter");
+    }
+    reps = std::max(1, reps);
+    const int max_b = max_draft_ + 1;
+    if (s.pos + max_b > opts_.n_ctx_slot) {
+        throw Error("context too small to measure costs");
+    }
+    flush_rows(s);
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    std::vector<std::vector<double>> vt(static_cast<size_t>(max_b)), dt(static_cast<size_t>(max_draft_));
+    for (int r = 0; r < reps; ++r) {
+        // interleave the sizes so that machine noise spreads evenly over them
+        for (int b = 1; b <= max_b; ++b) {
+            batch_.n_tokens = 0;
+            for (int j = 0; j < b; ++j) {
+                add_row(s.anchor, s.pos + j, slot, true);
+            }
+            const auto t0 = Clock::now();
+            if (llama_decode(ctx_.get(), batch_) != 0) {
+                throw Error("target llama_decode failed while measuring costs");
+            }
+            vt[static_cast<size_t>(b - 1)].push_back(seconds_since(t0));
+            llama_memory_seq_rm(mem, slot, s.pos, -1);
+        }
+        for (int n = 1; n <= max_draft_; ++n) {
+            const auto t0 = Clock::now();
+            s.drafter->propose(s.anchor, s.pos, n + 1);
+            (void) s.drafter->walk(WalkMode::Greedy, 0.0f, 0, opts_.q_top_k);
+            dt[static_cast<size_t>(n - 1)].push_back(seconds_since(t0));
+        }
+    }
+    auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+    };
+    verify_s.assign(vt.size(), 0.0);
+    draft_s.assign(dt.size(), 0.0);
+    for (size_t i = 0; i < vt.size(); ++i) verify_s[i] = median(vt[i]);
+    for (size_t i = 0; i < dt.size(); ++i) draft_s[i] = median(dt[i]);
+}
+
+std::string BatchEngine::stats_json() const {
+    JsonWriter w;
+    w.begin_object();
+    w.field("n_slots", static_cast<int64_t>(slots_.size()));
+    w.field("max_draft", max_draft_);
+    w.field("n_steps", stats_.n_steps);
+    w.field("n_rows", stats_.n_rows);
+    w.field("n_prompt", stats_.n_prompt);
+    w.field("n_prompt_reused", stats_.n_prompt_reused);
+    w.field("n_generated", stats_.n_generated);
+    w.field("n_drafts", stats_.n_drafts);
+    w.field("n_draft_tokens", stats_.n_draft_tokens);
+    w.field("n_accepted", stats_.n_accepted);
+    w.field("draft_s", stats_.draft_s);
+    w.field("decode_s", stats_.decode_s);
+    w.field("inject_s", stats_.inject_s);
+    w.field("propose_s", stats_.propose_s);
+    w.field("walk_s", stats_.walk_s);
+    w.field("verify_decode_s", stats_.verify_decode_s);
+    w.field("prefill_decode_s", stats_.prefill_decode_s);
+    w.field("verify_logic_s", stats_.verify_logic_s);
+    w.field("graph_setup_s", stats_.graph_setup_s);
+    w.field("step_s", stats_.step_s);
+    w.field("drafter_graph_builds", stats_.n_graph_builds);
+    w.key("accepted_per_position").begin_array();
+    for (const int64_t x : stats_.accepted_per_pos) w.value(x);
+    w.end_array();
+    int64_t busy = 0;
+    for (const Slot & s : slots_) busy += s.state == State::Idle ? 0 : 1;
+    w.field("busy_slots", busy);
+    w.end_object();
+    return w.str();
+}
+
+}  // namespace pdf2

@@ -1,0 +1,142 @@
+// C entry points of the continuous-batching engine: thin, never-aborting wrappers of pdf2::BatchEngine.
+#include "engine/batch_engine.h"
+#include "drafter/drafter_handle.h"
+#include "common/errors.h"
+
+#include "pydflash2.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+
+struct pdf2_batch_engine {
+    std::unique_ptr<pdf2::BatchEngine> impl;
+};
+
+namespace {
+
+pdf2::BatchEngine & get(pdf2_batch_engine * e) {
+    if (e == nullptr || !e->impl) {
+        throw pdf2::Error("batch engine handle is NULL");
+    }
+    return *e->impl;
+}
+
+}  // namespace
+
+extern "C" pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_t n_slots, int32_t n_ctx_slot,
+                                                     int32_t n_threads, int32_t n_threads_batch, int32_t flash_attn,
+                                                     pdf2_drafter ** drafters,
+                                                     int32_t n_drafters, int32_t n_max, int32_t walk,
+                                                     int32_t q_top_k) {
+    return pdf2::guarded<pdf2_batch_engine *>(nullptr, [&] {
+        if (walk < -1 || walk > 2) {
+            throw pdf2::Error("walk must be -1 (auto), 0 (greedy), 1 (sample) or 2 (viterbi)");
+        }
+        if (q_top_k < 1) {
+            throw pdf2::Error("q_top_k must be >= 1");
+        }
+        if (flash_attn < -1 || flash_attn > 1) {
+            throw pdf2::Error("flash_attn must be -1 (auto), 0 (off) or 1 (on)");
+        }
+        if (n_drafters < 0 || (n_drafters > 0 && drafters == nullptr)) {
+            throw pdf2::Error("drafters is NULL");
+        }
+        std::vector<pdf2::Drafter *> ds;
+        for (int32_t i = 0; i < n_drafters; ++i) {
+            ds.push_back(drafters[i] != nullptr ? drafters[i]->impl.get() : nullptr);
+        }
+        pdf2::BatchEngineOptions opts;
+        opts.n_slots = n_slots;
+        opts.n_ctx_slot = n_ctx_slot;
+        opts.n_threads = n_threads;
+        opts.n_threads_batch = n_threads_batch;
+        opts.flash_attn = flash_attn;
+        opts.n_max = n_max;
+        opts.walk = walk;
+        opts.q_top_k = q_top_k;
+        auto e = std::make_unique<pdf2_batch_engine>();
+        e->impl = std::make_unique<pdf2::BatchEngine>(static_cast<llama_model *>(target_model), ds, opts);
+        return e.release();
+    });
+}
+
+extern "C" void pdf2_batch_engine_free(pdf2_batch_engine * e) { delete e; }
+
+extern "C" int32_t pdf2_batch_engine_max_draft(pdf2_batch_engine * e) {
+    return pdf2::guarded<int32_t>(-1, [&] { return static_cast<int32_t>(get(e).max_draft()); });
+}
+
+extern "C" int pdf2_batch_engine_set_costs(pdf2_batch_engine * e, const double * verify_s, int32_t n_verify,
+                                           const double * draft_s, int32_t n_draft) {
+    return pdf2::guarded<int>(-1, [&] {
+        if (verify_s == nullptr || n_verify < 1 || (n_draft > 0 && draft_s == nullptr)) {
+            throw pdf2::Error("costs: verify_s needs at least one entry");
+        }
+        get(e).set_costs(std::vector<double>(verify_s, verify_s + n_verify),
+                         std::vector<double>(draft_s, draft_s + std::max(0, n_draft)));
+        return 0;
+    });
+}
+
+extern "C" int pdf2_batch_engine_measure_costs(pdf2_batch_engine * e, int32_t slot, int32_t reps, double * verify_s,
+                                               int32_t n_verify, double * draft_s, int32_t n_draft) {
+    return pdf2::guarded<int>(-1, [&] {
+        pdf2::BatchEngine & eng = get(e);
+        if (verify_s == nullptr || draft_s == nullptr || n_verify != eng.max_draft() + 1 ||
+            n_draft != eng.max_draft()) {
+            throw pdf2::Error("costs arrays must hold max_draft+1 and max_draft entries");
+        }
+        std::vector<double> v, d;
+        eng.measure_costs(slot, reps, v, d);
+        std::copy(v.begin(), v.end(), verify_s);
+        std::copy(d.begin(), d.end(), draft_s);
+        return 0;
+    });
+}
+
+extern "C" int pdf2_batch_engine_start(pdf2_batch_engine * e, int32_t slot, const int32_t * prompt, int32_t n_prompt,
+                                       float temperature, int32_t top_k, float top_p, float min_p, uint64_t seed) {
+    return pdf2::guarded<int>(-1, [&] {
+        if (prompt == nullptr || n_prompt < 0) {
+            throw pdf2::Error("prompt is NULL");
+        }
+        pdf2::SamplingParams sp;
+        sp.temperature = temperature;
+        sp.top_k = top_k;
+        sp.top_p = top_p;
+        sp.min_p = min_p;
+        sp.seed = seed;
+        get(e).start(slot, std::vector<llama_token>(prompt, prompt + n_prompt), sp);
+        return 0;
+    });
+}
+
+extern "C" int pdf2_batch_engine_stop(pdf2_batch_engine * e, int32_t slot) {
+    return pdf2::guarded<int>(-1, [&] {
+        get(e).stop(slot);
+        return 0;
+    });
+}
+
+extern "C" int32_t pdf2_batch_engine_step(pdf2_batch_engine * e, int32_t * counts, int32_t n_counts, int32_t * tokens,
+                                          int32_t n_tokens) {
+    return pdf2::guarded<int32_t>(-1, [&] {
+        pdf2::BatchEngine & eng = get(e);
+        const int32_t width = eng.max_draft() + 1;
+        if (counts == nullptr || tokens == nullptr || n_counts != eng.n_slots() ||
+            n_tokens != eng.n_slots() * width) {
+            throw pdf2::Error("step buffers must hold n_slots counts and n_slots x (max_draft+1) tokens");
+        }
+        std::vector<int32_t> c;
+        std::vector<llama_token> t;
+        const int rows = eng.step(c, t);
+        std::copy(c.begin(), c.end(), counts);
+        std::copy(t.begin(), t.end(), tokens);
+        return static_cast<int32_t>(rows);
+    });
+}
+
+extern "C" char * pdf2_batch_engine_stats_json(pdf2_batch_engine * e) {
+    return pdf2::guarded<char *>(nullptr, [&] { return pdf2::dup_string(get(e).stats_json()); });
+}

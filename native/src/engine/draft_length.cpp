@@ -1,0 +1,102 @@
+#include "engine/draft_length.h"
+
+#include <algorithm>
+
+namespace pdf2 {
+
+namespace {
+constexpr double DECAY = 0.97;           // older blocks fade: acceptance drifts with the text
+constexpr double PRIOR_REACHED = 2.0;    // prior of 1 accepted in 2: an unknown drafter
+constexpr double PRIOR_ACCEPTED = 1.0;
+constexpr int PROBE_FIRST = 16;          // plain steps before the first probe
+constexpr int PROBE_MAX = 512;           // ... and at most between probes
+constexpr int PROBE_DRAFT = 3;
+}  // namespace
+
+DraftLengthPolicy::DraftLengthPolicy(int max_draft)
+    : max_draft_(std::max(0, max_draft)),
+      reached_(static_cast<size_t>(std::max(0, max_draft)), PRIOR_REACHED),
+      accepted_(static_cast<size_t>(std::max(0, max_draft)), PRIOR_ACCEPTED),
+      probe_interval_(PROBE_FIRST) {}
+
+void DraftLengthPolicy::set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s) {
+    verify_s_ = verify_s;
+    draft_s_ = draft_s;
+}
+
+void DraftLengthPolicy::observe(int n_drafted, int n_accepted) {
+    n_drafted = std::min(n_drafted, max_draft_);
+    for (int i = 0; i < max_draft_; ++i) {
+        reached_[static_cast<size_t>(i)] *= DECAY;
+        accepted_[static_cast<size_t>(i)] *= DECAY;
+    }
+    // positions 1..n_accepted were reached and accepted; position n_accepted+1 was reached and rejected
+    for (int i = 0; i < n_drafted && i <= n_accepted; ++i) {
+        reached_[static_cast<size_t>(i)] += 1.0;
+        if (i < n_accepted) {
+            accepted_[static_cast<size_t>(i)] += 1.0;
+        }
+    }
+}
+
+std::vector<double> DraftLengthPolicy::acceptance() const {
+    std::vector<double> a(static_cast<size_t>(max_draft_));
+    for (size_t i = 0; i < a.size(); ++i) {
+        a[i] = accepted_[i] / reached_[i];
+    }
+    return a;
+}
+
+double DraftLengthPolicy::expected_tokens(int n) const {
+    const std::vector<double> a = acceptance();
+    double expected = 1.0;
+    double reach = 1.0;
+    for (int i = 0; i < n && i < max_draft_; ++i) {
+        reach *= a[static_cast<size_t>(i)];
+        expected += reach;
+    }
+    return expected;
+}
+
+double DraftLengthPolicy::expected_rate(int n) const {
+    if (verify_s_.empty()) {
+        return 0.0;
+    }
+    const size_t b = std::min(static_cast<size_t>(n), verify_s_.size() - 1);
+    double seconds = verify_s_[b];
+    if (n > 0 && !draft_s_.empty()) {
+        seconds += draft_s_[std::min(static_cast<size_t>(n - 1), draft_s_.size() - 1)];
+    }
+    return expected_tokens(n) / std::max(seconds, 1e-9);
+}
+
+int DraftLengthPolicy::choose() {
+    probing_ = false;
+    if (max_draft_ == 0 || verify_s_.empty()) {
+        return max_draft_;
+    }
+    int best = 0;
+    double best_rate = expected_rate(0);
+    for (int n = 1; n <= max_draft_; ++n) {
+        const double r = expected_rate(n);
+        if (r > best_rate) {
+            best = n;
+            best_rate = r;
+        }
+    }
+    if (best == 0) {
+        if (++plain_streak_ >= probe_interval_) {
+            // probe; if plain decoding still wins afterwards, wait twice as long next time
+            plain_streak_ = 0;
+            probe_interval_ = std::min(2 * probe_interval_, PROBE_MAX);
+            probing_ = true;
+            return std::min(PROBE_DRAFT, max_draft_);
+        }
+    } else {
+        plain_streak_ = 0;
+        probe_interval_ = PROBE_FIRST;
+    }
+    return best;
+}
+
+}  // namespace pdf2

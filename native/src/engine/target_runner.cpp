@@ -1,0 +1,161 @@
+#include "engine/target_runner.h"
+
+#include "common/errors.h"
+#include "common/llama_ext.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace pdf2 {
+
+std::string model_arch(const llama_model * model) {
+    char buf[128] = {0};
+    if (llama_model_meta_val_str(model, "general.architecture", buf, sizeof(buf)) < 0) {
+        return "";
+    }
+    return buf;
+}
+
+TargetRunner::TargetRunner(llama_context * ctx, const std::vector<int32_t> & feature_layers, CallbackCapture * capture)
+    : ctx_(ctx), layers_(feature_layers) {
+    if (ctx_ == nullptr) {
+        throw Error("target context is NULL");
+    }
+    const llama_model * model = llama_get_model(ctx_);
+    vocab_ = llama_model_get_vocab(model);
+    n_ctx_ = static_cast<int32_t>(llama_n_ctx(ctx_));
+    n_batch_ = static_cast<int32_t>(std::min(llama_n_batch(ctx_), llama_n_ubatch(ctx_)));
+    n_vocab_ = llama_vocab_n_tokens(vocab_);
+    n_embd_ = llama_model_n_embd(model);
+    n_layer_ = llama_model_n_layer(model);
+    arch_ = model_arch(model);
+    // a capture given means the context was made with our callback: use it (the caller
+    // chose it, normally because the architecture has no taps; see capture_rule.h)
+    path_ = capture != nullptr ? CapturePath::Callback : CapturePath::Tap;
+    capture_ = capture;
+    if (!layers_.empty() && path_ == CapturePath::Tap && pdf2::capture_path(arch_) != CapturePath::Tap) {
+        throw Error("target architecture '" + arch_ +
+                    "' does not expose layer inputs in this llama.cpp: its drafter features need a target context "
+                    "created with pydflash2's capture callback (pydflash2.capture.capturing_context)");
+    }
+    const int32_t lo = min_feature_layer();
+    const int32_t hi = max_feature_layer(arch_, n_layer_, path_);
+    for (const int32_t lid : layers_) {
+        if (lid < lo || lid > hi) {
+            throw Error("drafter taps target layer input " + std::to_string(lid) + " but the " + arch_ + " target has " +
+                        std::to_string(n_layer_) + " layers (capturable inputs through the " +
+                        capture_path_name(path_) + " path: " + std::to_string(lo) + ".." + std::to_string(hi) + ")");
+        }
+        outputs_all_rows_ = outputs_all_rows_ || (path_ == CapturePath::Callback && lid == n_layer_);
+    }
+    batch_ = llama_batch_init(n_batch_, 0, 1);
+}
+
+// The context belongs to the caller and may already be gone here (Python frees
+// objects in any order at exit), so it is not touched: release() turns the
+// capture off while the context is known to be alive.
+TargetRunner::~TargetRunner() { llama_batch_free(batch_); }
+
+void TargetRunner::release() {
+    if (path_ == CapturePath::Callback) {
+        capture_->disarm();
+        return;
+    }
+    for (const int32_t lid : layers_) {
+        llama_set_embeddings_layer_inp(ctx_, static_cast<uint32_t>(lid), false);
+    }
+}
+
+void TargetRunner::claim() {
+    if (pdf2::capture_path(arch_) != CapturePath::Tap) {
+        return;  // this graph has no taps (asking it for one would abort); the callback is armed per decode
+    }
+    // Several engines may share one context (e.g. a benchmark interleaving
+    // configurations): set every tap to what this runner needs (none on the callback path).
+    const int32_t top = max_feature_layer(arch_, n_layer_, CapturePath::Tap);
+    for (int32_t lid = 0; lid <= top; ++lid) {
+        const bool want =
+            path_ == CapturePath::Tap && std::find(layers_.begin(), layers_.end(), lid) != layers_.end();
+        llama_set_embeddings_layer_inp(ctx_, static_cast<uint32_t>(lid), want);
+    }
+}
+
+void TargetRunner::decode(const llama_token * tokens, int32_t n, int32_t pos0, bool all_logits, bool generation) {
+    if (n < 1 || n > n_batch_) {
+        throw Error("target batch of " + std::to_string(n) + " tokens (allowed 1.." + std::to_string(n_batch_) + ")");
+    }
+    if (pos0 < 0 || pos0 + n > n_ctx_) {
+        throw Error("target context is full (" + std::to_string(n_ctx_) + " tokens)");
+    }
+    batch_.n_tokens = n;
+    for (int32_t i = 0; i < n; ++i) {
+        if (tokens[i] < 0 || tokens[i] >= n_vocab_) {
+            throw Error("token id " + std::to_string(tokens[i]) + " is outside the target vocabulary");
+        }
+        batch_.token[i] = tokens[i];
+        batch_.pos[i] = pos0 + i;
+        batch_.n_seq_id[i] = 1;
+        batch_.seq_id[i][0] = 0;
+        // the last layer's output is computed only for rows that output logits
+        batch_.logits[i] = (all_logits || outputs_all_rows_ || i == n - 1) ? 1 : 0;
+    }
+    const bool capturing = path_ == CapturePath::Callback && !layers_.empty();
+    if (capturing) {
+        capture_->arm(layers_, n_embd_, n);
+    }
+    const int32_t nt = llama_n_threads(ctx_);
+    const int32_t ntb = llama_n_threads_batch(ctx_);
+    const bool swap_threads = generation && n > 1 && nt != ntb;
+    if (swap_threads) {
+        llama_set_n_threads(ctx_, nt, nt);
+    }
+    const int32_t rc = llama_decode(ctx_, batch_);
+    if (swap_threads) {
+        llama_set_n_threads(ctx_, nt, ntb);
+    }
+    if (capturing) {
+        capture_->disarm();
+    }
+    if (rc != 0) {
+        throw Error("target llama_decode failed (code " + std::to_string(rc) + ")");
+    }
+    if (capturing) {
+        capture_->check_complete(arch_);
+    }
+    last_n_ = n;
+    last_all_logits_ = all_logits;
+}
+
+const float * TargetRunner::logits(int32_t row) const {
+    const float * out = llama_get_logits_ith(ctx_, last_all_logits_ ? row : -1);
+    if (out == nullptr) {
+        throw Error("target produced no logits for row " + std::to_string(row));
+    }
+    return out;
+}
+
+void TargetRunner::features(int32_t row0, int32_t n, std::vector<float> & out) const {
+    const size_t width = static_cast<size_t>(feature_width());
+    out.resize(static_cast<size_t>(n) * width);
+    for (size_t k = 0; k < layers_.size(); ++k) {
+        const float * rows = path_ == CapturePath::Callback
+                                 ? capture_->rows(layers_[k])
+                                 : llama_get_embeddings_layer_inp(ctx_, static_cast<uint32_t>(layers_[k]));
+        if (rows == nullptr) {
+            throw Error("target layer input " + std::to_string(layers_[k]) +
+                        " was not captured (is this target architecture supported by upstream's extraction?)");
+        }
+        for (int32_t i = 0; i < n; ++i) {
+            std::memcpy(out.data() + static_cast<size_t>(i) * width + k * static_cast<size_t>(n_embd_),
+                        rows + static_cast<size_t>(row0 + i) * static_cast<size_t>(n_embd_),
+                        static_cast<size_t>(n_embd_) * sizeof(float));
+        }
+    }
+}
+
+void TargetRunner::truncate(int32_t pos) { llama_memory_seq_rm(llama_get_memory(ctx_), 0, pos, -1); }
+
+void TargetRunner::clear() { llama_memory_clear(llama_get_memory(ctx_), true); }
+
+}  // namespace pdf2

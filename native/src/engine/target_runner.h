@@ -1,0 +1,85 @@
+// TargetRunner: the target model's llama_context as the draft-verify loop
+// uses it. The context belongs to the caller (llama-cpp-python made it); this
+// class decodes batches into its sequence 0, hands out logit rows and the
+// captured layer inputs (the drafter's features), and rolls the cache back.
+//
+// Features come through one of two capture paths (capture_rule.h): llama.cpp's
+// layer-input taps where the architecture has them, else a CallbackCapture
+// installed in the context as its graph evaluation callback.
+#pragma once
+
+#include "capture/capture_rule.h"
+#include "capture/feature_capture_callback.h"
+
+#include <llama.h>
+
+#include <string>
+
+#include <cstdint>
+#include <vector>
+
+namespace pdf2 {
+
+std::string model_arch(const llama_model * model);  // general.architecture, or "" if absent
+
+class TargetRunner {
+  public:
+    // feature_layers: target layer INPUT indices to capture (dflash.target_layers); empty = none.
+    // capture: the CallbackCapture the context was created with (its cb_eval user data), or
+    // null. Taps are used where the architecture has them; otherwise the capture is required.
+    TargetRunner(llama_context * ctx, const std::vector<int32_t> & feature_layers,
+                 CallbackCapture * capture = nullptr);
+    ~TargetRunner();
+    TargetRunner(const TargetRunner &) = delete;
+    TargetRunner & operator=(const TargetRunner &) = delete;
+
+    // Decodes tokens at positions pos0.. (n <= n_batch). Logits for every row when
+    // all_logits, else only for the last row. generation: a verify batch, run with the
+    // context's generation threads (n_threads, what plain decoding uses for its one-row
+    // batches) instead of its prompt-processing threads (n_threads_batch): a few rows are
+    // generation work, and more threads than plain decoding uses spin at every graph
+    // barrier when the cores are oversubscribed. Throws pdf2::Error on failure.
+    void decode(const llama_token * tokens, int32_t n, int32_t pos0, bool all_logits, bool generation = false);
+
+    const float * logits(int32_t row) const;  // row of the last decode that asked for logits
+
+    // Features of rows [row0, row0+n) of the last decode: n x (n_layers * n_embd) floats.
+    void features(int32_t row0, int32_t n, std::vector<float> & out) const;
+    int32_t feature_width() const { return static_cast<int32_t>(layers_.size()) * n_embd_; }
+
+    void truncate(int32_t pos);  // drop cache positions >= pos
+    void clear();
+
+    void claim();    // make the context capture exactly this runner's layers (before each request)
+    void release();  // stop capturing layer inputs (call while the context is alive)
+
+    CapturePath capture_path() const { return path_; }
+    const std::vector<int32_t> & feature_layers() const { return layers_; }
+    // true when a captured layer exists only for rows that output logits (the last
+    // layer's output on the callback path): every row must then ask for logits
+    bool outputs_all_rows() const { return outputs_all_rows_; }
+    const std::string & arch() const { return arch_; }
+
+    int32_t n_ctx() const { return n_ctx_; }
+    int32_t n_batch() const { return n_batch_; }
+    int32_t n_vocab() const { return n_vocab_; }
+    int32_t n_embd() const { return n_embd_; }
+    int32_t n_layer() const { return n_layer_; }
+    const llama_vocab * vocab() const { return vocab_; }
+    llama_context * ctx() const { return ctx_; }
+
+  private:
+    llama_context * ctx_;
+    const llama_vocab * vocab_;
+    std::vector<int32_t> layers_;
+    std::string arch_;
+    CapturePath path_ = CapturePath::Tap;
+    CallbackCapture * capture_ = nullptr;  // set on the callback path
+    bool outputs_all_rows_ = false;  // the last layer's output exists only for rows that output logits
+    llama_batch batch_;
+    int32_t n_ctx_, n_batch_, n_vocab_, n_embd_, n_layer_;
+    int32_t last_n_ = 0;
+    bool last_all_logits_ = false;
+};
+
+}  // namespace pdf2

@@ -1,0 +1,26 @@
+// Verification of a drafted block against the target's logits (shared doc §4).
+// Both rules are lossless: greedy output equals plain greedy decoding, and the
+// stochastic rule (accept with min(1, p/q), else draw from max(0, p - q))
+// leaves every committed token distributed exactly as the target's p.
+#pragma once
+
+#include "engine/target_sampling.h"
+
+#include <vector>
+
+namespace pdf2 {
+
+struct VerifyResult {
+    int n_accepted = 0;      // drafts accepted (a prefix of the block)
+    llama_token next = -1;   // bonus / correction token: the next anchor
+};
+
+// rows[j] = target logits after the anchor and the first j drafts (j = 0..n).
+VerifyResult verify_greedy(const std::vector<llama_token> & drafts, const std::vector<const float *> & rows,
+                           int32_t n_vocab);
+
+// q[j] = the draft distribution the j-th draft was drawn from.
+VerifyResult verify_stochastic(const std::vector<llama_token> & drafts, const std::vector<SparseDist> & q,
+                               const std::vector<const float *> & rows, TargetSampler & sampler);
+
+}  // namespace pdf2
