@@ -185,7 +185,11 @@ class Speculator:
             _check(lib.pdf2_engine_cap_draft(self._engine, self.invariance.max_batch - 1), "cap_draft")
         self.max_draft = int(lib.pdf2_engine_max_draft(self._engine))
         self._out = np.zeros(self.max_draft + 1, dtype=np.int32)
+        self._out_c = ffi.from_buffer("int32_t[]", self._out)  # made once: the step runs per token
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
+        # per token id, memoized: one dict lookup per generated token instead of a C call each
+        self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
         self.costs: dict[str, list[float]] | None = None
         if n_max == "auto" and self.drafter is not None and self.max_draft > 0:
             assert self.draft_path is not None
@@ -239,7 +243,16 @@ class Speculator:
         return chat_prompt_tokens(self.llm, messages)
 
     def _token_bytes(self, token: int) -> bytes:
-        return self.llm.detokenize([token])
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self.llm.detokenize([token])
+        return piece
+
+    def _is_eog(self, token: int) -> bool:
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+        return eog
 
     # ------------------------------------------------------------ engine
 
@@ -278,7 +291,7 @@ class Speculator:
         )
 
     def _step(self) -> list[int]:
-        n = _check(lib.pdf2_engine_step(self._engine, ffi.from_buffer("int32_t[]", self._out), len(self._out)), "step")
+        n = _check(lib.pdf2_engine_step(self._engine, self._out_c, len(self._out)), "step")
         return self._out[:n].tolist()
 
     def engine_stats(self) -> dict[str, Any]:
@@ -321,7 +334,7 @@ class Speculator:
         self.last: Completion | None = None
         while True:
             for tok in pending:
-                if llama_cpp.llama_vocab_is_eog(self._vocab, tok):
+                if self._is_eog(tok):
                     finish = "eos"
                     break
                 out.append(tok)

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace pdf2 {
 
@@ -16,14 +17,62 @@ float SparseDist::prob_of(llama_token id) const {
     return 0.0f;
 }
 
+namespace {
+
+// Four floats in one SIMD register (GCC/Clang vector extension: SSE on x86, NEON on ARM).
+// A scan of 49 K logits per verified row costs ~45 us scalar, ~20 us in vectors.
+typedef float Float4 __attribute__((vector_size(16)));
+
+Float4 load4(const float * p) {
+    Float4 v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+
+// The largest value (NaN never wins: x > NaN and NaN > x are both false).
+float max_logit(const float * logits, int32_t n) {
+    const Float4 ninf = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    Float4 a = ninf, b = ninf, c = ninf, d = ninf;  // four chains: the loads overlap
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const Float4 x0 = load4(logits + i), x1 = load4(logits + i + 4);
+        const Float4 x2 = load4(logits + i + 8), x3 = load4(logits + i + 12);
+        a = x0 > a ? x0 : a;
+        b = x1 > b ? x1 : b;
+        c = x2 > c ? x2 : c;
+        d = x3 > d ? x3 : d;
+    }
+    a = b > a ? b : a;
+    c = d > c ? d : c;
+    a = c > a ? c : a;
+    float m = -INFINITY;
+    for (int k = 0; k < 4; ++k) {
+        m = a[k] > m ? a[k] : m;
+    }
+    for (; i < n; ++i) {
+        m = logits[i] > m ? logits[i] : m;
+    }
+    return m;
+}
+
+}  // namespace
+
 llama_token argmax_token(const float * logits, int32_t n_vocab) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n_vocab; ++i) {
-        if (logits[i] > logits[best]) {
-            best = i;
+    const float m = max_logit(logits, n_vocab);
+    const Float4 mm = {m, m, m, m};
+    int32_t i = 0;
+    for (; i + 8 <= n_vocab; i += 8) {  // skip whole blocks that do not hold the maximum
+        const auto hit = (load4(logits + i) == mm) | (load4(logits + i + 4) == mm);
+        if (hit[0] | hit[1] | hit[2] | hit[3]) {
+            break;
         }
     }
-    return best;
+    for (; i < n_vocab; ++i) {
+        if (logits[i] == m) {
+            return i;  // the first index of the maximum
+        }
+    }
+    return 0;  // every logit NaN
 }
 
 TargetSampler::TargetSampler(const SamplingParams & params, int32_t n_vocab)
