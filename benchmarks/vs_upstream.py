@@ -38,7 +38,6 @@ Upstream flags used (examples/speculative-simple, common/arg.cpp, common/specula
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import re
 import statistics
@@ -49,22 +48,11 @@ from pathlib import Path
 from typing import Any
 
 from pydflash2.bench import DEFAULT_PROMPTS, PHASE_COLUMNS
+from pydflash2.cpu_hog import CpuHogs
 from pydflash2.models import default_drafter, default_target
 from pydflash2.speculator import Speculator, chat_prompt_tokens, load_target
 
 PROMPTS = DEFAULT_PROMPTS  # the same chat prompts `pydflash2 bench` uses
-
-
-def _spin() -> None:
-    while True:
-        pass
-
-
-def start_hogs(n: int) -> list[multiprocessing.Process]:
-    hogs = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(n)]
-    for h in hogs:
-        h.start()
-    return hogs
 
 
 def run_upstream(binary: str, target: Path, draft: Path, prompt_text: str, n_max: int, max_tokens: int,
@@ -154,7 +142,8 @@ def main() -> int:
     for s in specs.values():  # warm-up: graphs, caches, pages
         s.generate(prompt_tokens[0], max_tokens=8)
 
-    hogs = start_hogs(args.cpu_hog)
+    hogs = CpuHogs(args.cpu_hog)
+    hogs.start()
     with open("/proc/loadavg") as f:
         load_before = f.read().split()[:3]
     rows: dict[Any, list[dict[str, Any]]] = {n: [] for n in n_maxes}
@@ -186,8 +175,7 @@ def main() -> int:
                 a, b = got["ours"], got["lcp"]
                 plain_rows.append((a, b))
     finally:
-        for h in hogs:
-            h.terminate()
+        hogs.stop()
     with open("/proc/loadavg") as f:
         load_after = f.read().split()[:3]
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from .cpu_hog import CpuHogs
+
 DEFAULT_PROMPTS = [
     "Write a short story about a robot learning to paint.",
     "Explain why the sky is blue in two sentences.",
@@ -46,6 +48,7 @@ class BenchConfig:
     n_gpu_layers: int = 0
     out_dir: Path = field(default_factory=lambda: Path("bench_out"))
     exact: bool = False  # refuse unless greedy output is bit-identical to plain decoding
+    cpu_hog: int = 0  # > 0: every prompt also runs beside this many busy processes (contention)
 
 
 def run_bench(cfg: BenchConfig) -> int:
@@ -73,20 +76,24 @@ def run_bench(cfg: BenchConfig) -> int:
             specs[key] = Speculator(llm, cfg.draft if n_max != 0 else None, n_max=n_max, selector=selector,
                                     device=cfg.device, exact=cfg.exact)
     configs = [(n, sel, t) for (n, sel) in specs for t in temperatures]
+    # idle and under contention take turns prompt by prompt, so that both see the same machine
+    hog_counts = [0, cfg.cpu_hog] if cfg.cpu_hog > 0 else [0]
 
-    runs: dict[tuple[Any, str, float], list[dict[str, Any]]] = defaultdict(list)
+    runs: dict[tuple[Any, str, float, int], list[dict[str, Any]]] = defaultdict(list)
     for rep in range(cfg.repeats):
         for i, prompt in enumerate(prompts):
-            for n_max, sel, temp in configs:
-                out = specs[(n_max, sel)].generate(prompt, max_tokens=cfg.max_tokens, temperature=temp,
-                                                   seed=1000 * rep + i, chat=cfg.chat)
-                runs[(n_max, sel, temp)].append(out.stats)
+            for hogs in hog_counts:
+                with CpuHogs(hogs):
+                    for n_max, sel, temp in configs:
+                        out = specs[(n_max, sel)].generate(prompt, max_tokens=cfg.max_tokens, temperature=temp,
+                                                           seed=1000 * rep + i, chat=cfg.chat)
+                        runs[(n_max, sel, temp, hogs)].append(out.stats)
         print(f"repeat {rep + 1}/{cfg.repeats} done", file=sys.stderr)
     for spec in specs.values():
         spec.close()
 
     results = []
-    for (n_max, sel, temp), stats in runs.items():
+    for (n_max, sel, temp, hogs), stats in runs.items():
         tokens = sum(s["completion_tokens"] - 1 for s in stats)
         decode_s = sum(s["total_s"] - s["ttft_s"] for s in stats)
         steps = sum(s["n_steps"] for s in stats)
@@ -95,7 +102,7 @@ def run_bench(cfg: BenchConfig) -> int:
         accepted = np.sum([s["accepted_per_position"] for s in stats], axis=0) if width else []
         phases = {k: float(sum(s["phases"][k] for s in stats)) for k in stats[0]["phases"]}
         results.append({
-            "n_max": n_max, "selector": sel, "temperature": temp, "runs": len(stats),
+            "n_max": n_max, "selector": sel, "temperature": temp, "cpu_hogs": hogs, "runs": len(stats),
             # where the time went, summed over the runs (seconds; n_steps: target forwards), and per step
             "phases": phases,
             "phase_ms_per_step": {k[:-2]: 1e3 * v / max(phases["n_steps"], 1) for k, v in phases.items()
@@ -110,13 +117,21 @@ def run_bench(cfg: BenchConfig) -> int:
             "acceptance_per_position": [float(a) / d if d else None for a, d in zip(accepted, drafted, strict=True)],
         })
     for r in results:
-        base = next(b for b in results if b["n_max"] == 0 and b["temperature"] == r["temperature"])
+        base = next(b for b in results if b["n_max"] == 0 and b["temperature"] == r["temperature"]
+                    and b["cpu_hogs"] == r["cpu_hogs"])
         r["speedup_vs_plain"] = r["tokens_per_second"] / base["tokens_per_second"]
+    for r in results:
+        if r["cpu_hogs"]:
+            idle = next(b for b in results if b["cpu_hogs"] == 0 and _same_config(b, r))
+            # tokens/s kept under contention, and how the speedup over plain decoding moved
+            r["vs_idle"] = r["tokens_per_second"] / idle["tokens_per_second"]
+            r["speedup_vs_plain_idle"] = idle["speedup_vs_plain"]
 
     out_dir = cfg.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"model": cfg.model, "draft": cfg.draft, "prompts": len(prompts), "repeats": cfg.repeats,
-            "max_tokens": cfg.max_tokens, "exact": all(st["exact"] for sts in runs.values() for st in sts)}
+            "max_tokens": cfg.max_tokens, "cpu_hogs": cfg.cpu_hog,
+            "exact": all(st["exact"] for sts in runs.values() for st in sts)}
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     _plot(results, out_dir)
     _print_table(results)
@@ -124,9 +139,14 @@ def run_bench(cfg: BenchConfig) -> int:
     return 0
 
 
+def _same_config(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return all(a[k] == b[k] for k in ("n_max", "selector", "temperature"))
+
+
 def _label(r: dict[str, Any]) -> str:
     sel = "" if r["n_max"] == 0 else f" {r['selector']}"
-    return f"n_max={r['n_max']}{sel} T={r['temperature']:g}"
+    hogs = f" hogs={r['cpu_hogs']}" if r.get("cpu_hogs") else ""
+    return f"n_max={r['n_max']}{sel} T={r['temperature']:g}{hogs}"
 
 
 def _print_table(results: list[dict[str, Any]]) -> None:
@@ -135,6 +155,15 @@ def _print_table(results: list[dict[str, Any]]) -> None:
         acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["acceptance_per_position"])
         print(f"{_label(r):<34} {r['tokens_per_second']:9.1f} {r['tau']:6.2f} {r['speedup_vs_plain']:8.2f}x  {acc}")
     print_phases(results, _label)
+    contended = [r for r in results if r.get("cpu_hogs")]
+    if contended:
+        print(f"\nunder {contended[0]['cpu_hogs']} CPU hogs vs idle (degradation: speedup over plain under the "
+              "hogs / idle; < 1: speculation suffers more than plain decoding)")
+        print(f"{'configuration':<34} {'tok/s kept':>10} {'vs plain idle':>13} {'vs plain hogs':>13} "
+              f"{'degradation':>11}")
+        for r in contended:
+            print(f"{_label(r):<34} {r['vs_idle']:10.2f} {r['speedup_vs_plain_idle']:12.2f}x "
+                  f"{r['speedup_vs_plain']:12.2f}x {r['speedup_vs_plain'] / r['speedup_vs_plain_idle']:11.2f}")
 
 
 PHASE_COLUMNS = ("inject", "propose", "walk", "graph_setup", "verify_decode", "verify_logic", "step_other", "python")

@@ -38,23 +38,53 @@ Drafter::Drafter(std::shared_ptr<DrafterModel> model, const DrafterOptions & opt
 
 void Drafter::init(const DrafterOptions & opts) {
     cache_ = std::make_unique<DrafterCache>(*model_, opts.n_ctx, opts.cache_type);
-    std::vector<ggml_context *> external = model_->weight_contexts();
-    external.push_back(cache_->context());
-    sched_ = std::make_unique<DrafterSched>(model_->backend(), model_->backend_cpu(), drafter_graph_size(*model_),
-                                            external);
+    external_ = model_->weight_contexts();
+    external_.push_back(cache_->context());
     const char * reuse = std::getenv("PYDFLASH2_DEBUG_REUSE_SPLIT_GRAPHS");
     reuse_split_graphs_ = reuse != nullptr && std::string(reuse) == "1";
+    if (reuse_split_graphs_) max_slots_ = 1;  // the hook needs shapes to take turns in one schedule
+    slots_.reserve(max_slots_);
 }
 
 Drafter::~Drafter() {
-    sched_.reset();  // before the graphs it may hold
-    graph_.reset();
+    for (GraphSlot & s : slots_) s.sched.reset();  // before the graphs they may hold
+    slots_.clear();
     stale_graphs_.clear();
 }
 
+Drafter::GraphSlot & Drafter::slot_for(const GraphKey & key) {
+    for (GraphSlot & s : slots_) {
+        if (s.key == key) return s;
+    }
+    if (slots_.size() < max_slots_ && compute_buffer_bytes() < MAX_GRAPH_BYTES) {
+        GraphSlot s;
+        s.key = key;
+        s.sched = std::make_unique<DrafterSched>(model_->backend(), model_->backend_cpu(), drafter_graph_size(*model_),
+                                                 external_);
+        slots_.push_back(std::move(s));
+        return slots_.back();
+    }
+    // full: the least recently used shape gives up its scheduler
+    GraphSlot & lru = *std::min_element(slots_.begin(), slots_.end(),
+                                        [](const GraphSlot & a, const GraphSlot & b) { return a.last_use < b.last_use; });
+    lru.sched->release();
+    if (lru.graph && reuse_split_graphs_) stale_graphs_.emplace_back(lru.key, std::move(lru.graph));
+    lru.graph.reset();
+    lru.key = key;
+    return lru;
+}
+
+size_t Drafter::compute_buffer_bytes() const {
+    size_t total = 0;
+    for (const GraphSlot & s : slots_) total += s.sched->buffer_bytes();
+    return total;
+}
+
 DrafterGraph & Drafter::graph_for(const GraphKey & key) {
-    if (graph_ && graph_key_ == key && sched_->held() == graph_.get()) {
-        return *graph_;  // allocated, inputs in place: runs again as is
+    GraphSlot & slot = slot_for(key);
+    slot.last_use = ++n_uses_;
+    if (slot.graph && slot.sched->held() == slot.graph.get()) {
+        return *slot.graph;  // allocated, inputs in place: runs again as is
     }
     const auto t0 = std::chrono::steady_clock::now();
     struct AddSetupTime {  // also when building or allocating throws
@@ -62,39 +92,44 @@ DrafterGraph & Drafter::graph_for(const GraphKey & key) {
         std::chrono::steady_clock::time_point t0;
         ~AddSetupTime() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
     } add_setup_time{graph_setup_s_, t0};
-    sched_->release();
-    if (graph_ && reuse_split_graphs_) stale_graphs_.emplace_back(graph_key_, std::move(graph_));
-    graph_.reset();
+    slot.sched->release();
+    slot.graph.reset();
     for (auto it = stale_graphs_.begin(); it != stale_graphs_.end(); ++it) {
         if (it->first == key) {
             // test hook: the pre-fix behaviour, a split graph reused in a new schedule
-            graph_ = std::move(it->second);
+            slot.graph = std::move(it->second);
             stale_graphs_.erase(it);
-            for (ggml_tensor * t = ggml_get_first_tensor(graph_->ctx); t; t = ggml_get_next_tensor(graph_->ctx, t)) {
+            for (ggml_tensor * t = ggml_get_first_tensor(slot.graph->ctx); t;
+                 t = ggml_get_next_tensor(slot.graph->ctx, t)) {
                 t->data = nullptr;
                 t->buffer = nullptr;
             }
             break;
         }
     }
-    if (!graph_) {
-        graph_ = key.propose ? build_propose_graph(*model_, *cache_, key.n, key.n_kv, key.n_inject)
-                             : build_inject_graph(*model_, *cache_, key.n);
+    if (!slot.graph) {
+        slot.graph = key.propose ? build_propose_graph(*model_, *cache_, key.n, key.n_kv, key.n_inject)
+                                 : build_inject_graph(*model_, *cache_, key.n);
         ++n_graph_builds_;
     }
-    graph_key_ = key;
     try {
-        sched_->alloc(*graph_);
+        slot.sched->alloc(*slot.graph);
     } catch (...) {
-        graph_.reset();
+        slot.graph.reset();
         throw;
     }
-    return *graph_;
+    return *slot.graph;
 }
 
 void Drafter::compute(DrafterGraph & g, const std::function<void()> & set_inputs) {
     set_inputs();
-    sched_->compute(g);
+    for (GraphSlot & s : slots_) {
+        if (s.graph.get() == &g) {
+            s.sched->compute(g);
+            return;
+        }
+    }
+    throw Error("internal: the drafter ran a graph it does not hold");
 }
 
 // KQ mask of n block queries over the first n_kv cache rows: context rows
@@ -294,6 +329,8 @@ std::string Drafter::info_json() const {
     w.field("cache_type", ggml_type_name(cache_->type()));
     w.field("target_head_mapped", model_->target_head_mapped());
     w.field("n_graph_builds", n_graph_builds_);
+    w.field("graph_slots", static_cast<int64_t>(slots_.size()));  // graph shapes kept allocated
+    w.field("compute_buffer_bytes", static_cast<int64_t>(compute_buffer_bytes()));
     w.field("weights_address", static_cast<int64_t>(reinterpret_cast<intptr_t>(model_.get())));
     w.field("weights_users", static_cast<int64_t>(model_.use_count()));  // drafters sharing these weights
     w.end_object();

@@ -86,22 +86,41 @@ class Drafter {
         }
     };
     void check_inject(const float * features, size_t width, const int32_t * positions, int n) const;
-    // the graph for key: the one the scheduler holds if it has that shape, else a fresh one, allocated
+    // the graph for key, allocated: the one built for that shape earlier if its scheduler still
+    // holds it, else a fresh one
     DrafterGraph & graph_for(const GraphKey & key);
+    // runs g (from graph_for) after set_inputs wrote its inputs
     void compute(DrafterGraph & g, const std::function<void()> & set_inputs);
     void fill_mask(std::vector<uint16_t> & mask, int n_kv, const int32_t * q_pos, int n, bool swa) const;
 
     void init(const DrafterOptions & opts);
 
+    // One allocated graph per shape, each with a scheduler of its own: a step alternates
+    // shapes (the rows injected vary with the drafts accepted), and a graph stays runnable
+    // only while its scheduler holds it (drafter_sched.h). Least recently used shape evicted.
+    struct GraphSlot {
+        GraphKey key;
+        std::unique_ptr<DrafterGraph> graph;  // null after a failed allocation
+        std::unique_ptr<DrafterSched> sched;  // declared after graph: freed before the graph it holds
+        uint64_t last_use = 0;
+    };
+    // the shapes of a fixed n_max <= 16 over two cache buckets, while their compute buffers (about
+    // 1 MB each for SmolLM2's drafter, more for large drafters on a GPU) stay under MAX_GRAPH_BYTES
+    static constexpr size_t MAX_GRAPH_SLOTS = 24;
+    static constexpr size_t MAX_GRAPH_BYTES = size_t{256} << 20;
+    GraphSlot & slot_for(const GraphKey & key);
+    size_t compute_buffer_bytes() const;
+
     std::shared_ptr<DrafterModel> model_;
     std::unique_ptr<DrafterCache> cache_;
-    std::unique_ptr<DrafterSched> sched_;
-    std::unique_ptr<DrafterGraph> graph_;  // the last graph built (see drafter_sched.h for why only one)
-    GraphKey graph_key_;
+    std::vector<ggml_context *> external_;  // weight and cache contexts: what graphs may read
+    std::vector<GraphSlot> slots_;
+    size_t max_slots_ = MAX_GRAPH_SLOTS;
+    uint64_t n_uses_ = 0;
     uint64_t n_graph_builds_ = 0;
     double graph_setup_s_ = 0;
-    // test hook (PYDFLASH2_DEBUG_REUSE_SPLIT_GRAPHS=1): keep split graphs and
-    // reuse them in later schedules, the bug DrafterSched::check must catch
+    // test hook (PYDFLASH2_DEBUG_REUSE_SPLIT_GRAPHS=1): one scheduler (slot) for all shapes, and
+    // split graphs kept and reused in later schedules, the bug DrafterSched::check must catch
     bool reuse_split_graphs_ = false;
     std::vector<std::pair<GraphKey, std::unique_ptr<DrafterGraph>>> stale_graphs_;
     Proposal last_;

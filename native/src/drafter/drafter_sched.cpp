@@ -125,6 +125,12 @@ void DrafterSched::compute(DrafterGraph & g) {
     }
 }
 
+size_t DrafterSched::buffer_bytes() const {
+    size_t total = 0;
+    for (ggml_backend_t b : backends_) total += ggml_backend_sched_get_buffer_size(sched_, b);
+    return total;
+}
+
 void DrafterSched::release() {
     held_ = nullptr;
     ggml_backend_sched_reset(sched_);

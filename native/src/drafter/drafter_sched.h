@@ -43,6 +43,8 @@ class DrafterSched {
 
     // throws Error naming the tensor and op when the scheduler would assert on gf
     void check(const DrafterGraph & g) const;
+    // bytes of the compute buffers it allocated, over its backends
+    size_t buffer_bytes() const;
 
   private:
     std::string backend_names() const;
