@@ -74,6 +74,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (robust to a shared machine's descheduling)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -114,6 +120,9 @@ class Server:
     def rss(self) -> float:
         return rss_mb(self.proc.pid)
 
+    def cpu(self) -> float:
+        return cpu_seconds(self.proc.pid)
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -133,6 +142,13 @@ class LoadResult:
     texts: list[str] = field(default_factory=list)
     rss_before: float = 0.0
     rss_after: float = 0.0
+    cpu_s: float = 0.0  # the server's CPU seconds while serving
+    phases: dict[str, float] = field(default_factory=dict)  # our engine's per-phase counters (warm-up included)
+
+    @property
+    def tok_cpu_s(self) -> float:
+        """Completion tokens per server CPU-second: the rate on a core of its own, whatever else the machine ran."""
+        return self.completion_tokens / self.cpu_s
 
     @property
     def tok_s(self) -> float:
@@ -145,6 +161,18 @@ class LoadResult:
     def pct(self, q: float) -> float:
         xs = sorted(self.latencies)
         return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def engine_phases(server: Server) -> dict[str, float]:
+    """Our server's per-phase counters (pydflash2:spec_decode_*) from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(httpx.get(server.url + "/metrics", timeout=30).text):
+        for smp in fam.samples:
+            if smp.name.startswith("pydflash2:spec_decode_") and smp.name.endswith("_total") and not smp.labels:
+                out[smp.name.removeprefix("pydflash2:spec_decode_").removesuffix("_total")] = smp.value
+    return out
 
 
 def workload(n: int, seed: int = 0) -> list[dict]:
@@ -172,7 +200,7 @@ def run_load(server: Server, model: str, bodies: list[dict], clients: int, res: 
         out = r.json()
         return dt, int(out["usage"]["completion_tokens"]), out["choices"][0]["message"]["content"]
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), server.cpu()
     with ThreadPoolExecutor(clients) as pool:
         for dt, n, text in pool.map(one, bodies):
             res.latencies.append(dt)
@@ -180,6 +208,7 @@ def run_load(server: Server, model: str, bodies: list[dict], clients: int, res: 
             res.errors += 0 if text is not None else 1
             res.texts.append(text or "")
     res.wall_s += time.perf_counter() - t0
+    res.cpu_s += server.cpu() - cpu0
 
 
 def run_soak(server: Server, model: str, clients: int, per_client: int, bad_share: float) -> dict:
@@ -362,21 +391,31 @@ def main() -> int:
                           f"load average {os.getloadavg()[0]:.1f}", flush=True)
             for s, r in zip(servers, results, strict=True):
                 r.rss_after = s.rss()
+                if s.name.startswith("pydflash2"):
+                    r.phases = engine_phases(s)
         finally:
             for s in servers:
                 s.stop()
         base = results[-1] if not args.no_llama_cpp else results[0]
         print(f"\n{args.requests} requests, {args.clients} clients, target {Path(target).name}, {env_note}")
         print(f"{'server':28s} {'tokens':>7s} {'tok/s':>8s} {'req/s':>7s} {'p50 s':>7s} {'p95 s':>7s} {'errors':>6s} "
-              f"{'RSS MB before->after':>22s} {'tok/s ratio':>11s} {'p95 ratio':>9s} {'same text':>9s}")
+              f"{'RSS MB before->after':>22s} {'tok/s ratio':>11s} {'p95 ratio':>9s} {'same text':>9s} "
+              f"{'tok/CPU-s':>9s} {'ratio':>6s}")
         for r in results:
             same = sum(a == b for a, b in zip(r.texts, base.texts, strict=True))
             print(f"{r.name:28s} {r.completion_tokens:7d} {r.tok_s:8.1f} {r.req_s:7.2f} {r.pct(0.5):7.2f} "
                   f"{r.pct(0.95):7.2f} {r.errors:6d} {r.rss_before:10.0f}->{r.rss_after:<10.0f} "
-                  f"{r.tok_s / base.tok_s:11.2f} {r.pct(0.95) / base.pct(0.95):9.2f} {same:4d}/{len(r.texts):<4d}")
+                  f"{r.tok_s / base.tok_s:11.2f} {r.pct(0.95) / base.pct(0.95):9.2f} {same:4d}/{len(r.texts):<4d} "
+                  f"{r.tok_cpu_s:9.1f} {r.tok_cpu_s / base.tok_cpu_s:6.2f}")
+        for r in results:
+            if r.phases:
+                ph = r.phases
+                print(f"{r.name}: {ph.get('num_steps', 0):.0f} target decodes; seconds: " + ", ".join(
+                    f"{k.removesuffix('_seconds')} {v:.1f}" for k, v in ph.items() if k.endswith("_seconds")))
         report["load"] = [{"name": r.name, "tok_s": r.tok_s, "req_s": r.req_s, "p50_s": r.pct(0.5),
                            "p95_s": r.pct(0.95), "errors": r.errors, "rss_before_mb": r.rss_before,
-                           "rss_after_mb": r.rss_after, "completion_tokens": r.completion_tokens,
+                           "rss_after_mb": r.rss_after, "completion_tokens": r.completion_tokens, "cpu_s": r.cpu_s,
+                           "tok_per_cpu_s": r.tok_cpu_s, "phases": r.phases,
                            "wall_s": r.wall_s, "same_text_as_baseline": sum(
                                a == b for a, b in zip(r.texts, base.texts, strict=True))} for r in results]
 
