@@ -4,8 +4,10 @@ Load (default): the same N requests (mixed prompt and answer lengths, T=0)
 from C concurrent clients against our server with --parallel 1 and
 --parallel 4 and against llama-cpp-python's own server on the same target,
 one after the other in one run. Prints throughput (completion tokens/s and
-requests/s), p50/p95 latency, server RSS before/after, and the ratios to
-llama-cpp-python's server.
+requests/s), p50/p95 latency, server RSS before/after, completion tokens per
+server CPU-second (what a server would reach on a core of its own: less
+sensitive than wall time to what else a shared machine runs), the ratios to
+llama-cpp-python's server, and where our engine's seconds went.
 
 Soak (--soak): our server under C clients x M requests each, a share of them
 malformed. Every good request must get 200 with a text, every bad one a 4xx;
