@@ -17,6 +17,7 @@ must stay under 5 %.
     python benchmarks/server_load.py                      # SmolLM2 + its shipped drafter
     python benchmarks/server_load.py --requests 40 --clients 8 --soak --soak-requests 50
     python benchmarks/server_load.py --measure-delta       # logit drift of batching (tests' near-tie delta)
+    python benchmarks/server_load.py --decode-costs        # CPU cost of 1..32-row target decodes
 
 llama-cpp-python's server needs its extra: pip install "llama-cpp-python[server]==0.3.36".
 Run it from outside the source checkout (the installed package is imported).
@@ -313,6 +314,55 @@ def measure_delta(model: str, n_steps: int = 24, rows: int = 4) -> float:
     return worst
 
 
+def decode_costs(model: str, threads: int, reps: int = 7) -> None:
+    """CPU seconds of one target llama_decode of B rows, spread over up to 8
+    sequences as the server's slots are (thread CPU time, so a busy machine's
+    descheduling does not count). B rows per decode cost B x cpu/row: a batch of
+    8 slots decoding plainly commits 8 tokens for 8 x cpu/row(8), a serial server
+    1 token for cpu/row(1); their ratio bounds what batching can gain here."""
+    import statistics
+
+    import llama_cpp
+
+    from pydflash2.models import resolve_target
+
+    llm = llama_cpp.Llama(str(resolve_target(model)), n_ctx=256, verbose=False)
+    p = llama_cpp.llama_context_default_params()
+    p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = 2048 * 8, 512, 512, 8
+    p.kv_unified, p.n_threads, p.n_threads_batch = False, threads, threads  # as the server's context
+    ctx = llama_cpp.llama_init_from_model(llm._model.model, p)
+    mem = llama_cpp.llama_get_memory(ctx)
+    batch = llama_cpp.llama_batch_init(512, 0, 1)
+
+    def decode(items: list[tuple[int, int, int]]) -> float:
+        batch.n_tokens = len(items)
+        for i, (tok, pos, sid) in enumerate(items):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
+            batch.seq_id[i][0], batch.logits[i] = sid, True
+        t0 = time.thread_time()
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+        return time.thread_time() - t0
+
+    for sid in range(8):  # a 40-token prompt in every sequence
+        decode([(100 + j, j, sid) for j in range(40)])
+    sizes = (1, 2, 4, 8, 16, 32)
+    cpu: dict[int, list[float]] = {b: [] for b in sizes}
+    for _ in range(reps):
+        for b in sizes:  # interleaved: the machine's drift spreads over all sizes
+            n_seq = min(b, 8)
+            cpu[b].append(decode([(200 + j, 40 + j, s) for s in range(n_seq) for j in range(b // n_seq)]))
+            for s in range(n_seq):
+                llama_cpp.llama_memory_seq_rm(mem, s, 40, -1)
+    llama_cpp.llama_batch_free(batch)
+    llama_cpp.llama_free(ctx)
+    med = {b: statistics.median(v) for b, v in cpu.items()}
+    print(f"target decode CPU cost, {threads} thread(s), load average {os.getloadavg()[0]:.1f}")
+    for b, c in med.items():
+        print(f"  {b:3d} rows: {c * 1e3:7.1f} ms   {c / b * 1e3:6.2f} ms/row   {b / c:6.1f} rows per CPU-second")
+    print(f"8 slots decoding plainly vs one stream: {med[1] / (med[8] / 8):.2f}x tokens per CPU-second at most "
+          f"(before prompts, HTTP and scheduling)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2")
@@ -334,6 +384,8 @@ def main() -> int:
     ap.add_argument("--soak-requests", type=int, default=1000, help="requests per soak client")
     ap.add_argument("--soak-bad", type=float, default=0.3)
     ap.add_argument("--measure-delta", action="store_true")
+    ap.add_argument("--decode-costs", action="store_true",
+                    help="only measure the CPU cost of target decodes of 1..32 rows (the ceiling of batching)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, _stop_all_and_exit)
@@ -342,6 +394,9 @@ def main() -> int:
         MAX_TOKENS[:] = [int(x) for x in args.max_tokens.split(",")]
     if args.measure_delta:
         measure_delta(args.model)
+        return 0
+    if args.decode_costs:
+        decode_costs(args.model, args.threads)
         return 0
 
     from pydflash2.models import default_drafter, resolve_target
