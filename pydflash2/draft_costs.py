@@ -1,6 +1,10 @@
 """The cost model behind n_max="auto": how long the target takes to verify B
 tokens and the drafter to propose n, measured once per model files and machine
-and cached on disk (PYDFLASH2_CACHE_DIR, default ~/.cache/pydflash2)."""
+and cached on disk (PYDFLASH2_CACHE_DIR, default ~/.cache/pydflash2).
+
+A measurement taken while the machine is oversubscribed (more runnable work
+than cores) is used for that run only and not cached: contention distorts the
+verify/propose ratios, and a cached entry would steer every later run."""
 
 from __future__ import annotations
 
@@ -46,8 +50,16 @@ def warmup_prompt(tokenize: Callable[[bytes], Sequence[int]], n_ctx: int, max_dr
     return prompt[: max(1, min(len(prompt), n_ctx - max_draft - 2))]
 
 
+def machine_oversubscribed() -> bool:
+    """More runnable work than cores over the last minute (the measurement itself included)."""
+    try:
+        return os.getloadavg()[0] > (os.cpu_count() or 1)
+    except OSError:
+        return False
+
+
 def load_or_measure(key: str, max_draft: int, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """The cached costs under `key`, or `measure()` stored there."""
+    """The cached costs under `key`, or `measure()` (stored there unless the machine was oversubscribed)."""
     path = cache_dir() / "costs.json"
     table: dict[str, Any] = {}
     if path.exists():
@@ -63,6 +75,8 @@ def load_or_measure(key: str, max_draft: int, measure: Callable[[], dict[str, An
     ):
         return entry
     entry = measure()
+    if machine_oversubscribed():
+        return {**entry, "oversubscribed": True}
     table[key] = entry
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from lossless import plain_greedy as plain_run
 from pydflash2.convert.cli import main as convert_main
 from scipy.stats import chi2_contingency
 
-from pydflash2 import exactness, testing
+from pydflash2 import draft_costs, exactness, testing
 from pydflash2.speculator import Completion, GenerationError, Speculator
 
 HOT = tuple(testing.FIRST_MERGED_ID + i for i in range(6))
@@ -323,6 +323,7 @@ def test_auto_costs_are_measured_once_and_cached(models, llm, monkeypatch) -> No
     import os
 
     cache = Path(os.environ["PYDFLASH2_CACHE_DIR"]) / "costs.json"
+    monkeypatch.setattr(draft_costs, "machine_oversubscribed", lambda: False)
     with Speculator(llm, models["v1"], n_max="auto") as spec:
         costs = spec.costs
     assert costs is not None
@@ -336,3 +337,27 @@ def test_auto_costs_are_measured_once_and_cached(models, llm, monkeypatch) -> No
     monkeypatch.setattr(Speculator, "measure_costs", no_measuring)
     with Speculator(llm, models["v1"], n_max="auto") as spec:
         assert spec.costs == costs
+
+
+def test_costs_measured_on_an_oversubscribed_machine_are_not_cached(models, llm, monkeypatch, tmp_path) -> None:
+    import json
+
+    monkeypatch.setenv("PYDFLASH2_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(draft_costs, "machine_oversubscribed", lambda: True)
+    measured = []
+    real_measure = Speculator.measure_costs
+
+    def counting(self, *args, **kwargs):
+        measured.append(1)
+        return real_measure(self, *args, **kwargs)
+
+    monkeypatch.setattr(Speculator, "measure_costs", counting)
+    for _ in range(2):
+        with Speculator(llm, models["v1"], n_max="auto") as spec:
+            assert spec.costs is not None and spec.costs["oversubscribed"] is True
+    assert len(measured) == 2  # measured again: the busy measurement was not kept
+    assert not (tmp_path / "costs.json").exists() or json.loads((tmp_path / "costs.json").read_text()) == {}
+    monkeypatch.setattr(draft_costs, "machine_oversubscribed", lambda: False)
+    with Speculator(llm, models["v1"], n_max="auto") as spec:
+        assert "oversubscribed" not in spec.costs
+    assert len(measured) == 3 and len(json.loads((tmp_path / "costs.json").read_text())) == 1

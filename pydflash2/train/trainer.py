@@ -48,7 +48,7 @@ def build_model(cfg: DrafterConfig, target: str | Path) -> DFlash2Drafter:
     norm = output_norm(target)
     if norm is not None and norm.shape == (cfg.n_embd,):
         with torch.no_grad():
-            model.norm.weight.copy_(torch.from_numpy(norm))
+            model.norm.weight.copy_(torch.as_tensor(np.array(norm, dtype=np.float32)))  # writable copy of the GGUF map
     model._full_head = head  # rows for exports with another draft vocabulary
     return model
 

@@ -30,16 +30,6 @@ std::string trim(const std::string & s) {
     return s.substr(b, s.find_last_not_of(" \t") - b + 1);
 }
 
-const char * type_name(enum ggml_backend_dev_type t) {
-    switch (t) {
-        case GGML_BACKEND_DEVICE_TYPE_CPU: return "cpu";
-        case GGML_BACKEND_DEVICE_TYPE_GPU: return "gpu";
-        case GGML_BACKEND_DEVICE_TYPE_IGPU: return "igpu";
-        case GGML_BACKEND_DEVICE_TYPE_ACCEL: return "accel";
-        default: return "other";
-    }
-}
-
 bool is_gpu(ggml_backend_dev_t d) {
     const auto t = ggml_backend_dev_type(d);
     return t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU;
@@ -114,12 +104,22 @@ bool reg_is_registered(ggml_backend_reg_t reg) {
 
 }  // namespace
 
+const char * device_type_name(enum ggml_backend_dev_type t) {
+    switch (t) {
+        case GGML_BACKEND_DEVICE_TYPE_CPU: return "cpu";
+        case GGML_BACKEND_DEVICE_TYPE_GPU: return "gpu";
+        case GGML_BACKEND_DEVICE_TYPE_IGPU: return "igpu";
+        case GGML_BACKEND_DEVICE_TYPE_ACCEL: return "accel";
+        default: return "other";
+    }
+}
+
 std::string device_list() {
     std::string out;
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
         ggml_backend_dev_t d = ggml_backend_dev_get(i);
         out += (out.empty() ? "" : ", ") + std::string(ggml_backend_dev_name(d)) + " (" +
-               type_name(ggml_backend_dev_type(d)) + ")";
+               device_type_name(ggml_backend_dev_type(d)) + ")";
     }
     return out;
 }

@@ -15,6 +15,9 @@ namespace pdf2 {
 // the available devices for an unknown name.
 ggml_backend_dev_t find_device(const std::string & name);
 
+// "cpu", "gpu", "igpu", "accel" or "other": how native_info() and error messages name a device type
+const char * device_type_name(enum ggml_backend_dev_type t);
+
 // "CPU, RPC0 (gpu), ..." for error messages
 std::string device_list();
 

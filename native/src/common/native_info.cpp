@@ -2,6 +2,7 @@
 // backend devices it offers (CPU always; CUDA/Metal when llama-cpp-python was
 // built with them).
 #include "engine/batch_invariance.h"
+#include "common/devices.h"
 #include "common/errors.h"
 #include "common/json_writer.h"
 
@@ -12,16 +13,6 @@
 #include "pydflash2.h"
 
 namespace {
-
-const char * device_type_name(enum ggml_backend_dev_type t) {
-    switch (t) {
-        case GGML_BACKEND_DEVICE_TYPE_CPU: return "cpu";
-        case GGML_BACKEND_DEVICE_TYPE_GPU: return "gpu";
-        case GGML_BACKEND_DEVICE_TYPE_IGPU: return "igpu";
-        case GGML_BACKEND_DEVICE_TYPE_ACCEL: return "accel";
-        default: return "other";
-    }
-}
 
 std::string native_info_json() {
     // make sure the backends are registered the way llama.cpp registers them
@@ -61,7 +52,7 @@ std::string native_info_json() {
         w.begin_object();
         w.field("name", ggml_backend_dev_name(dev));
         w.field("description", ggml_backend_dev_description(dev));
-        w.field("type", device_type_name(ggml_backend_dev_type(dev)));
+        w.field("type", pdf2::device_type_name(ggml_backend_dev_type(dev)));
         w.field("backend", ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev)));
         w.field("memory_free", static_cast<uint64_t>(free_mem));
         w.field("memory_total", static_cast<uint64_t>(total_mem));
