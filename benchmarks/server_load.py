@@ -4,8 +4,10 @@ Load (default): the same N requests (mixed prompt and answer lengths, T=0)
 from C concurrent clients against our server with --parallel 1 and
 --parallel 4 and against llama-cpp-python's own server on the same target,
 one after the other in one run. Prints throughput (completion tokens/s and
-requests/s), p50/p95 latency, server RSS before/after, and the ratios to
-llama-cpp-python's server.
+requests/s), p50/p95 latency, server RSS before/after, completion tokens per
+server CPU-second (what a server would reach on a core of its own: less
+sensitive than wall time to what else a shared machine runs), the ratios to
+llama-cpp-python's server, and where our engine's seconds went.
 
 Soak (--soak): our server under C clients x M requests each, a share of them
 malformed. Every good request must get 200 with a text, every bad one a 4xx;
@@ -15,6 +17,7 @@ must stay under 5 %.
     python benchmarks/server_load.py                      # SmolLM2 + its shipped drafter
     python benchmarks/server_load.py --requests 40 --clients 8 --soak --soak-requests 50
     python benchmarks/server_load.py --measure-delta       # logit drift of batching (tests' near-tie delta)
+    python benchmarks/server_load.py --decode-costs        # CPU cost of 1..32-row target decodes
 
 llama-cpp-python's server needs its extra: pip install "llama-cpp-python[server]==0.3.36".
 Run it from outside the source checkout (the installed package is imported).
@@ -74,6 +77,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (robust to a shared machine's descheduling)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -114,6 +123,9 @@ class Server:
     def rss(self) -> float:
         return rss_mb(self.proc.pid)
 
+    def cpu(self) -> float:
+        return cpu_seconds(self.proc.pid)
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -133,6 +145,13 @@ class LoadResult:
     texts: list[str] = field(default_factory=list)
     rss_before: float = 0.0
     rss_after: float = 0.0
+    cpu_s: float = 0.0  # the server's CPU seconds while serving
+    phases: dict[str, float] = field(default_factory=dict)  # our engine's per-phase counters (warm-up included)
+
+    @property
+    def tok_cpu_s(self) -> float:
+        """Completion tokens per server CPU-second: the rate on a core of its own, whatever else the machine ran."""
+        return self.completion_tokens / self.cpu_s
 
     @property
     def tok_s(self) -> float:
@@ -145,6 +164,18 @@ class LoadResult:
     def pct(self, q: float) -> float:
         xs = sorted(self.latencies)
         return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def engine_phases(server: Server) -> dict[str, float]:
+    """Our server's per-phase counters (pydflash2:spec_decode_*) from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(httpx.get(server.url + "/metrics", timeout=30).text):
+        for smp in fam.samples:
+            if smp.name.startswith("pydflash2:spec_decode_") and smp.name.endswith("_total") and not smp.labels:
+                out[smp.name.removeprefix("pydflash2:spec_decode_").removesuffix("_total")] = smp.value
+    return out
 
 
 def workload(n: int, seed: int = 0) -> list[dict]:
@@ -172,7 +203,7 @@ def run_load(server: Server, model: str, bodies: list[dict], clients: int, res: 
         out = r.json()
         return dt, int(out["usage"]["completion_tokens"]), out["choices"][0]["message"]["content"]
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), server.cpu()
     with ThreadPoolExecutor(clients) as pool:
         for dt, n, text in pool.map(one, bodies):
             res.latencies.append(dt)
@@ -180,6 +211,7 @@ def run_load(server: Server, model: str, bodies: list[dict], clients: int, res: 
             res.errors += 0 if text is not None else 1
             res.texts.append(text or "")
     res.wall_s += time.perf_counter() - t0
+    res.cpu_s += server.cpu() - cpu0
 
 
 def run_soak(server: Server, model: str, clients: int, per_client: int, bad_share: float) -> dict:
@@ -282,6 +314,55 @@ def measure_delta(model: str, n_steps: int = 24, rows: int = 4) -> float:
     return worst
 
 
+def decode_costs(model: str, threads: int, reps: int = 7) -> None:
+    """CPU seconds of one target llama_decode of B rows, spread over up to 8
+    sequences as the server's slots are (thread CPU time, so a busy machine's
+    descheduling does not count). B rows per decode cost B x cpu/row: a batch of
+    8 slots decoding plainly commits 8 tokens for 8 x cpu/row(8), a serial server
+    1 token for cpu/row(1); their ratio bounds what batching can gain here."""
+    import statistics
+
+    import llama_cpp
+
+    from pydflash2.models import resolve_target
+
+    llm = llama_cpp.Llama(str(resolve_target(model)), n_ctx=256, verbose=False)
+    p = llama_cpp.llama_context_default_params()
+    p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = 2048 * 8, 512, 512, 8
+    p.kv_unified, p.n_threads, p.n_threads_batch = False, threads, threads  # as the server's context
+    ctx = llama_cpp.llama_init_from_model(llm._model.model, p)
+    mem = llama_cpp.llama_get_memory(ctx)
+    batch = llama_cpp.llama_batch_init(512, 0, 1)
+
+    def decode(items: list[tuple[int, int, int]]) -> float:
+        batch.n_tokens = len(items)
+        for i, (tok, pos, sid) in enumerate(items):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
+            batch.seq_id[i][0], batch.logits[i] = sid, True
+        t0 = time.thread_time()
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+        return time.thread_time() - t0
+
+    for sid in range(8):  # a 40-token prompt in every sequence
+        decode([(100 + j, j, sid) for j in range(40)])
+    sizes = (1, 2, 4, 8, 16, 32)
+    cpu: dict[int, list[float]] = {b: [] for b in sizes}
+    for _ in range(reps):
+        for b in sizes:  # interleaved: the machine's drift spreads over all sizes
+            n_seq = min(b, 8)
+            cpu[b].append(decode([(200 + j, 40 + j, s) for s in range(n_seq) for j in range(b // n_seq)]))
+            for s in range(n_seq):
+                llama_cpp.llama_memory_seq_rm(mem, s, 40, -1)
+    llama_cpp.llama_batch_free(batch)
+    llama_cpp.llama_free(ctx)
+    med = {b: statistics.median(v) for b, v in cpu.items()}
+    print(f"target decode CPU cost, {threads} thread(s), load average {os.getloadavg()[0]:.1f}")
+    for b, c in med.items():
+        print(f"  {b:3d} rows: {c * 1e3:7.1f} ms   {c / b * 1e3:6.2f} ms/row   {b / c:6.1f} rows per CPU-second")
+    print(f"8 slots decoding plainly vs one stream: {med[1] / (med[8] / 8):.2f}x tokens per CPU-second at most "
+          f"(before prompts, HTTP and scheduling)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2")
@@ -303,6 +384,8 @@ def main() -> int:
     ap.add_argument("--soak-requests", type=int, default=1000, help="requests per soak client")
     ap.add_argument("--soak-bad", type=float, default=0.3)
     ap.add_argument("--measure-delta", action="store_true")
+    ap.add_argument("--decode-costs", action="store_true",
+                    help="only measure the CPU cost of target decodes of 1..32 rows (the ceiling of batching)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, _stop_all_and_exit)
@@ -311,6 +394,9 @@ def main() -> int:
         MAX_TOKENS[:] = [int(x) for x in args.max_tokens.split(",")]
     if args.measure_delta:
         measure_delta(args.model)
+        return 0
+    if args.decode_costs:
+        decode_costs(args.model, args.threads)
         return 0
 
     from pydflash2.models import default_drafter, resolve_target
@@ -362,21 +448,31 @@ def main() -> int:
                           f"load average {os.getloadavg()[0]:.1f}", flush=True)
             for s, r in zip(servers, results, strict=True):
                 r.rss_after = s.rss()
+                if s.name.startswith("pydflash2"):
+                    r.phases = engine_phases(s)
         finally:
             for s in servers:
                 s.stop()
         base = results[-1] if not args.no_llama_cpp else results[0]
         print(f"\n{args.requests} requests, {args.clients} clients, target {Path(target).name}, {env_note}")
         print(f"{'server':28s} {'tokens':>7s} {'tok/s':>8s} {'req/s':>7s} {'p50 s':>7s} {'p95 s':>7s} {'errors':>6s} "
-              f"{'RSS MB before->after':>22s} {'tok/s ratio':>11s} {'p95 ratio':>9s} {'same text':>9s}")
+              f"{'RSS MB before->after':>22s} {'tok/s ratio':>11s} {'p95 ratio':>9s} {'same text':>9s} "
+              f"{'tok/CPU-s':>9s} {'ratio':>6s}")
         for r in results:
             same = sum(a == b for a, b in zip(r.texts, base.texts, strict=True))
             print(f"{r.name:28s} {r.completion_tokens:7d} {r.tok_s:8.1f} {r.req_s:7.2f} {r.pct(0.5):7.2f} "
                   f"{r.pct(0.95):7.2f} {r.errors:6d} {r.rss_before:10.0f}->{r.rss_after:<10.0f} "
-                  f"{r.tok_s / base.tok_s:11.2f} {r.pct(0.95) / base.pct(0.95):9.2f} {same:4d}/{len(r.texts):<4d}")
+                  f"{r.tok_s / base.tok_s:11.2f} {r.pct(0.95) / base.pct(0.95):9.2f} {same:4d}/{len(r.texts):<4d} "
+                  f"{r.tok_cpu_s:9.1f} {r.tok_cpu_s / base.tok_cpu_s:6.2f}")
+        for r in results:
+            if r.phases:
+                ph = r.phases
+                print(f"{r.name}: {ph.get('num_steps', 0):.0f} target decodes; seconds: " + ", ".join(
+                    f"{k.removesuffix('_seconds')} {v:.1f}" for k, v in ph.items() if k.endswith("_seconds")))
         report["load"] = [{"name": r.name, "tok_s": r.tok_s, "req_s": r.req_s, "p50_s": r.pct(0.5),
                            "p95_s": r.pct(0.95), "errors": r.errors, "rss_before_mb": r.rss_before,
-                           "rss_after_mb": r.rss_after, "completion_tokens": r.completion_tokens,
+                           "rss_after_mb": r.rss_after, "completion_tokens": r.completion_tokens, "cpu_s": r.cpu_s,
+                           "tok_per_cpu_s": r.tok_cpu_s, "phases": r.phases,
                            "wall_s": r.wall_s, "same_text_as_baseline": sum(
                                a == b for a, b in zip(r.texts, base.texts, strict=True))} for r in results]
 

@@ -409,3 +409,30 @@ def test_busy_slots_gauge_during_load(client: openai.OpenAI, server: ServerProce
     assert all(n > 0 for n in pieces)
     assert max(seen) >= 2, seen
     assert seen[-1] == 0 or metrics(server.url, AUTH)[("pydflash2:num_requests_running", ())] == 0
+
+
+def test_probes_follow_one_schedule_per_engine(models: dict[str, Path]) -> None:
+    """While drafting does not pay, a slot drafts a probe block now and then so that the
+    acceptance estimate can recover. The schedule belongs to the engine and counts steps:
+    many short requests must not each probe (with a schedule per request, every request
+    of more than 16 tokens probed, at the cost of a decode and a drafter pass each)."""
+    from pydflash2.server.engine import BatchEngine
+
+    engine = BatchEngine(models["target"], models["draft"], n_slots=2, n_ctx=256, n_max="auto")
+    try:
+        engine.set_costs([0.01] + [1.0] * engine.max_draft, [1.0] * engine.max_draft)  # drafting never pays
+        prompt = engine.llm.tokenize(b"Once upon a time", add_bos=True)
+        before = engine.stats()
+        for _ in range(12):  # requests of 24 steps, two at a time
+            engine.start(0, prompt)
+            engine.start(1, prompt)
+            for _ in range(24):
+                engine.step()
+            engine.stop(0)
+            engine.stop(1)
+        st = engine.stats()
+        n_probes = st["n_drafts"] - before["n_drafts"]
+        # one schedule over about 12 x 23 steps: probes after 16, 32, 64 and 128 plain steps
+        assert 1 <= n_probes <= 4, n_probes
+    finally:
+        engine.close()

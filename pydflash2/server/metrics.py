@@ -25,6 +25,7 @@ _ENGINE_COUNTERS = {
 # per-phase breakdown of the engine's steps: stats key -> (metric suffix, help)
 _PHASES = {
     "n_steps": ("num_steps", "Target decodes (engine steps and prompt chunks)"),
+    "n_rows": ("num_rows", "Target rows decoded (verify rows and prompt rows)"),
     "inject_s": ("inject_seconds", "Seconds in feature copies and drafter inject graphs"),
     "propose_s": ("propose_seconds", "Seconds in drafter propose graphs (with the lattice read-back)"),
     "walk_s": ("walk_seconds", "Seconds walking the drafter's proposals into drafts"),

@@ -233,7 +233,7 @@ int BatchEngine::choose_n_draft(Slot & s) {
     if (s.drafter == nullptr || max_draft_ == 0) {
         return 0;
     }
-    return opts_.n_max < 0 ? s.policy.choose() : max_draft_;
+    return opts_.n_max < 0 ? s.policy.best() : max_draft_;  // probes: see step()
 }
 
 int BatchEngine::batch_draft_length(const std::vector<size_t> & decoding) const {
@@ -412,6 +412,19 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
     if (adaptive && n_decode > 1) {
         n_common = batch_draft_length(decoding);
     }
+    // While nobody drafts, a probe now and then lets the acceptance estimate
+    // recover. One schedule for the engine, counted in steps (a new request
+    // does not restart it: with many short requests, per-request schedules
+    // probed in most of them), and one slot probes at a time, in turn.
+    int probe_slot = -1;
+    int n_probe = 0;
+    if (opts_.n_max < 0 && max_draft_ > 0 && n_decode > 0) {
+        const int n = shared_policy_.schedule(n_common);
+        if (shared_policy_.probing()) {
+            probe_slot = static_cast<int>(decoding[static_cast<size_t>(probe_turn_++) % decoding.size()]);
+            n_probe = n;
+        }
+    }
     const int share = n_decode > 0 ? batch_cap_ / n_decode - 1 : 0;
     std::map<int, std::vector<int>> groups;  // verify rows -> slots (a slot near its context end drafts less)
     for (size_t i = 0; i < slots_.size(); ++i) {
@@ -421,7 +434,7 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
         }
         // the verify rows [anchor, d1..dn] must fit the slot's context
         // a probing slot drafts its probe (in a group of its own when the others do not draft)
-        const int want = adaptive && n_decode > 1 && s.policy.probing() ? std::max(wish[i], n_common) : n_common;
+        const int want = static_cast<int>(i) == probe_slot ? std::max(n_probe, n_common) : n_common;
         const int n = s.drafter == nullptr ? 0 : std::min({want, opts_.n_ctx_slot - s.pos - 1, share});
         draft(s, n);
         groups[n + 1].push_back(static_cast<int>(i));

@@ -146,6 +146,7 @@ class BatchEngine {
     llama_batch batch_;
     int32_t batch_cap_ = 0;
     int prefill_cursor_ = 0;  // round-robin start for prompt chunks
+    unsigned probe_turn_ = 0;  // round-robin choice of the slot that probes
     BatchStats stats_;
     std::vector<double> costs_verify_, costs_draft_;  // reapplied to each new request's policy
     // acceptance seen over all requests: a new request starts from it, not

@@ -70,8 +70,7 @@ double DraftLengthPolicy::expected_rate(int n) const {
     return expected_tokens(n) / std::max(seconds, 1e-9);
 }
 
-int DraftLengthPolicy::choose() {
-    probing_ = false;
+int DraftLengthPolicy::best() const {
     if (max_draft_ == 0 || verify_s_.empty()) {
         return max_draft_;
     }
@@ -84,7 +83,15 @@ int DraftLengthPolicy::choose() {
             best_rate = r;
         }
     }
-    if (best == 0) {
+    return best;
+}
+
+int DraftLengthPolicy::schedule(int n) {
+    probing_ = false;
+    if (max_draft_ == 0 || verify_s_.empty()) {
+        return n;
+    }
+    if (n == 0) {
         if (++plain_streak_ >= probe_interval_) {
             // probe; if plain decoding still wins afterwards, wait twice as long next time
             plain_streak_ = 0;
@@ -96,7 +103,9 @@ int DraftLengthPolicy::choose() {
         plain_streak_ = 0;
         probe_interval_ = PROBE_FIRST;
     }
-    return best;
+    return n;
 }
+
+int DraftLengthPolicy::choose() { return schedule(best()); }
 
 }  // namespace pdf2

@@ -22,7 +22,13 @@ class DraftLengthPolicy {
 
     // The n to draft next (0..max_draft); probes now and then while at 0 so
     // that the acceptance estimate can recover when the text gets easier.
+    // choose() == schedule(best()).
     int choose();
+    // The n with the best expected rate (no probing).
+    int best() const;
+    // The probe schedule alone: `n` chosen elsewhere (e.g. for a whole batch of
+    // slots) comes back unchanged, or as a probe when plain decoding has lasted.
+    int schedule(int n);
     // Whether the last choose() was a probe (n > 0 although plain decoding looked best).
     bool probing() const { return probing_; }
 
