@@ -30,6 +30,16 @@ T guarded(T fallback, Fn && fn) noexcept {
     return fallback;
 }
 
+// The object behind a C API handle (a struct that owns it in `impl`), or an Error
+// naming the handle when it is NULL: every entry point checks before it touches one.
+template <typename Handle>
+auto & handle_impl(Handle * h, const char * what) {
+    if (h == nullptr || !h->impl) {
+        throw Error(std::string(what) + " handle is NULL");
+    }
+    return *h->impl;
+}
+
 // Copies s into a malloc'd C string for the caller to free with pdf2_free_string.
 char * dup_string(const std::string & s);
 

@@ -10,12 +10,7 @@
 
 namespace {
 
-pdf2::Drafter & get(const pdf2_drafter * d) {
-    if (d == nullptr || !d->impl) {
-        throw pdf2::Error("drafter handle is NULL");
-    }
-    return *d->impl;
-}
+pdf2::Drafter & get(const pdf2_drafter * d) { return pdf2::handle_impl(d, "drafter"); }
 
 template <typename Fn>
 int run(Fn && fn) {

@@ -45,6 +45,15 @@ void check_temperature(WalkMode mode, float temperature) {
 
 }  // namespace
 
+void check_walk_options(int walk, int q_top_k) {
+    if (walk < -1 || walk > static_cast<int>(WalkMode::Viterbi)) {
+        throw Error("walk must be -1 (auto), 0 (greedy), 1 (sample) or 2 (viterbi)");
+    }
+    if (q_top_k < 1) {
+        throw Error("q_top_k must be >= 1");
+    }
+}
+
 WalkResult walk_lattice(const Lattice & lat, WalkMode mode, float temperature, uint64_t seed) {
     check_temperature(mode, temperature);
     const int P = lat.n_pos;

@@ -9,6 +9,11 @@ namespace pdf2 {
 
 enum class WalkMode : int { Greedy = 0, Sample = 1, Viterbi = 2 };
 
+// The engines' walk option (-1 = auto: sample when the target samples, else greedy; or a
+// WalkMode) and q_top_k (support of a DFlash1 draft distribution) as the C API takes them:
+// throws Error for values outside those.
+void check_walk_options(int walk, int q_top_k);
+
 // DFlash2 lattice of P drafted positions: candidates [P][k] (token ids) and
 // scores [P][k(pred)][k(cand)]; position 0's rows are all the anchor's row.
 struct Lattice {

@@ -105,18 +105,7 @@ BatchEngine::BatchEngine(llama_model * model, const std::vector<Drafter *> & dra
             if (hp.target_layers != drafters[0]->hparams().target_layers) {
                 throw Error("the slots' drafters tap different target layers");
             }
-            if (static_cast<int32_t>(hp.n_embd) != target_.n_embd()) {
-                throw Error("drafter hidden size " + std::to_string(hp.n_embd) + " does not match the target's " +
-                            std::to_string(target_.n_embd()));
-            }
-            if (static_cast<int32_t>(hp.n_vocab) != target_.n_vocab()) {
-                throw Error("drafter vocabulary (" + std::to_string(hp.n_vocab) + ") does not match the target's (" +
-                            std::to_string(target_.n_vocab()) + ")");
-            }
-            if (d->cache().n_ctx() < static_cast<uint32_t>(opts.n_ctx_slot)) {
-                throw Error("drafter cache (" + std::to_string(d->cache().n_ctx()) +
-                            " rows) is smaller than the context per slot (" + std::to_string(opts.n_ctx_slot) + ")");
-            }
+            check_drafter_fits(*d, target_, static_cast<uint32_t>(opts.n_ctx_slot), "the context per slot");
             max_draft_ = std::min<int>(max_draft_, static_cast<int>(hp.block_size) - 1);
             slots_[i].drafter = d;
         }

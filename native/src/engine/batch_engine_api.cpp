@@ -15,12 +15,7 @@ struct pdf2_batch_engine {
 
 namespace {
 
-pdf2::BatchEngine & get(pdf2_batch_engine * e) {
-    if (e == nullptr || !e->impl) {
-        throw pdf2::Error("batch engine handle is NULL");
-    }
-    return *e->impl;
-}
+pdf2::BatchEngine & get(pdf2_batch_engine * e) { return pdf2::handle_impl(e, "batch engine"); }
 
 }  // namespace
 
@@ -30,12 +25,7 @@ extern "C" pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_
                                                      int32_t n_drafters, int32_t n_max, int32_t walk,
                                                      int32_t q_top_k) {
     return pdf2::guarded<pdf2_batch_engine *>(nullptr, [&] {
-        if (walk < -1 || walk > 2) {
-            throw pdf2::Error("walk must be -1 (auto), 0 (greedy), 1 (sample) or 2 (viterbi)");
-        }
-        if (q_top_k < 1) {
-            throw pdf2::Error("q_top_k must be >= 1");
-        }
+        pdf2::check_walk_options(walk, q_top_k);
         if (flash_attn < -1 || flash_attn > 1) {
             throw pdf2::Error("flash_attn must be -1 (auto), 0 (off) or 1 (on)");
         }

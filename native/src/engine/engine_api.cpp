@@ -15,12 +15,7 @@ struct pdf2_engine {
 
 namespace {
 
-pdf2::SpecEngine & get(pdf2_engine * e) {
-    if (e == nullptr || !e->impl) {
-        throw pdf2::Error("engine handle is NULL");
-    }
-    return *e->impl;
-}
+pdf2::SpecEngine & get(pdf2_engine * e) { return pdf2::handle_impl(e, "engine"); }
 
 }  // namespace
 
@@ -32,12 +27,7 @@ extern "C" pdf2_engine * pdf2_engine_new(void * target_ctx, pdf2_drafter * draft
 extern "C" pdf2_engine * pdf2_engine_new_capture(void * target_ctx, pdf2_capture * capture, pdf2_drafter * drafter,
                                                  int32_t n_max, int32_t walk, int32_t q_top_k) {
     return pdf2::guarded<pdf2_engine *>(nullptr, [&] {
-        if (walk < -1 || walk > 2) {
-            throw pdf2::Error("walk must be -1 (auto), 0 (greedy), 1 (sample) or 2 (viterbi)");
-        }
-        if (q_top_k < 1) {
-            throw pdf2::Error("q_top_k must be >= 1");
-        }
+        pdf2::check_walk_options(walk, q_top_k);
         pdf2::EngineOptions opts;
         opts.n_max = n_max;
         opts.walk = walk;

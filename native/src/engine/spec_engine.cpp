@@ -31,19 +31,8 @@ SpecEngine::SpecEngine(llama_context * target, Drafter * drafter, const EngineOp
         throw Error("n_max must be >= 0, or -1 for adaptive");
     }
     if (drafter_ != nullptr) {
+        check_drafter_fits(*drafter_, target_, static_cast<uint32_t>(target_.n_ctx()), "the target context");
         const DrafterHParams & hp = drafter_->hparams();
-        if (static_cast<int32_t>(hp.n_embd) != target_.n_embd()) {
-            throw Error("drafter hidden size " + std::to_string(hp.n_embd) + " does not match the target's " +
-                        std::to_string(target_.n_embd()));
-        }
-        if (static_cast<int32_t>(hp.n_vocab) != target_.n_vocab()) {
-            throw Error("drafter vocabulary (" + std::to_string(hp.n_vocab) + ") does not match the target's (" +
-                        std::to_string(target_.n_vocab()) + ")");
-        }
-        if (drafter_->cache().n_ctx() < static_cast<uint32_t>(target_.n_ctx())) {
-            throw Error("drafter cache (" + std::to_string(drafter_->cache().n_ctx()) +
-                        " rows) is smaller than the target context (" + std::to_string(target_.n_ctx()) + ")");
-        }
         max_draft_ = std::min<int>(static_cast<int>(hp.block_size) - 1, target_.n_batch() - 1);
         if (opts.n_max > 0) {
             max_draft_ = std::min(max_draft_, opts.n_max);

@@ -158,4 +158,21 @@ void TargetRunner::truncate(int32_t pos) { llama_memory_seq_rm(llama_get_memory(
 
 void TargetRunner::clear() { llama_memory_clear(llama_get_memory(ctx_), true); }
 
+void check_drafter_fits(const Drafter & drafter, const TargetRunner & target, uint32_t ctx_rows,
+                        const std::string & ctx_what) {
+    const DrafterHParams & hp = drafter.hparams();
+    if (static_cast<int32_t>(hp.n_embd) != target.n_embd()) {
+        throw Error("drafter hidden size " + std::to_string(hp.n_embd) + " does not match the target's " +
+                    std::to_string(target.n_embd()));
+    }
+    if (static_cast<int32_t>(hp.n_vocab) != target.n_vocab()) {
+        throw Error("drafter vocabulary (" + std::to_string(hp.n_vocab) + ") does not match the target's (" +
+                    std::to_string(target.n_vocab()) + ")");
+    }
+    if (drafter.cache().n_ctx() < ctx_rows) {
+        throw Error("drafter cache (" + std::to_string(drafter.cache().n_ctx()) + " rows) is smaller than " +
+                    ctx_what + " (" + std::to_string(ctx_rows) + ")");
+    }
+}
+
 }  // namespace pdf2

@@ -10,6 +10,7 @@
 
 #include "capture/capture_rule.h"
 #include "capture/feature_capture_callback.h"
+#include "drafter/drafter.h"
 
 #include <llama.h>
 
@@ -81,5 +82,11 @@ class TargetRunner {
     int32_t last_n_ = 0;
     bool last_all_logits_ = false;
 };
+
+// The checks both engines make before pairing a drafter with a target: hidden size and
+// vocabulary equal to the target's, and a drafter cache of at least ctx_rows rows (the
+// context a sequence can reach; ctx_what names it in the error).
+void check_drafter_fits(const Drafter & drafter, const TargetRunner & target, uint32_t ctx_rows,
+                        const std::string & ctx_what);
 
 }  // namespace pdf2

@@ -17,6 +17,7 @@ float SparseDist::prob_of(llama_token id) const {
     return 0.0f;
 }
 
+#if defined(__GNUC__) || defined(__clang__)
 namespace {
 
 // Four floats in one SIMD register (GCC/Clang vector extension: SSE on x86, NEON on ARM).
@@ -74,6 +75,20 @@ llama_token argmax_token(const float * logits, int32_t n_vocab) {
     }
     return 0;  // every logit NaN
 }
+
+#else  // compilers without GCC vector extensions (MSVC): the plain scan
+
+llama_token argmax_token(const float * logits, int32_t n_vocab) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n_vocab; ++i) {
+        if (logits[i] > logits[best]) {
+            best = i;
+        }
+    }
+    return best;
+}
+
+#endif
 
 TargetSampler::TargetSampler(const SamplingParams & params, int32_t n_vocab)
     : params_(params), n_vocab_(n_vocab), rng_(params.seed) {
