@@ -91,12 +91,7 @@ extern "C" int pdf2_batch_engine_start(pdf2_batch_engine * e, int32_t slot, cons
         if (prompt == nullptr || n_prompt < 0) {
             throw pdf2::Error("prompt is NULL");
         }
-        pdf2::SamplingParams sp;
-        sp.temperature = temperature;
-        sp.top_k = top_k;
-        sp.top_p = top_p;
-        sp.min_p = min_p;
-        sp.seed = seed;
+        const pdf2::SamplingParams sp{temperature, top_k, top_p, min_p, /*typical_p=*/1.0f, seed};
         get(e).start(slot, std::vector<llama_token>(prompt, prompt + n_prompt), sp);
         return 0;
     });

@@ -93,12 +93,7 @@ extern "C" int32_t pdf2_engine_begin(pdf2_engine * e, const int32_t * prompt, in
         if (prompt == nullptr || n_prompt < 0) {
             throw pdf2::Error("prompt is NULL");
         }
-        pdf2::SamplingParams sp;
-        sp.temperature = temperature;
-        sp.top_k = top_k;
-        sp.top_p = top_p;
-        sp.min_p = min_p;
-        sp.seed = seed;
+        const pdf2::SamplingParams sp{temperature, top_k, top_p, min_p, /*typical_p=*/1.0f, seed};
         return static_cast<int32_t>(get(e).begin(std::vector<llama_token>(prompt, prompt + n_prompt), sp));
     });
 }
