@@ -11,6 +11,8 @@ through our engine (n_max 0) vs llama-cpp-python's own greedy loop, in the same 
         python benchmarks/vs_upstream.py [--n-max 3,7] [--max-tokens 96] [--threads 2] [--cpu-hog N]
 
 --cpu-hog N runs N processes spinning on the CPU beside the whole measurement (contention).
+--full-head also runs our loop with every verify row's logits computed (lazy_head=False), interleaved,
+and prints what the lazy LM head gains (ours/full).
 Without UPSTREAM_BIN only our side and the plain comparison run.
 
 Both sides count the same thing: tokens generated after the first one, over the time of the
@@ -122,6 +124,8 @@ def main() -> int:
                     help="the targets' flash attention, both sides (upstream's own default is auto = on for CPU)")
     ap.add_argument("--cpu-hog", type=int, default=0, help="N processes spinning beside the measurement")
     ap.add_argument("--no-plain", action="store_true", help="skip plain decoding vs llama-cpp-python")
+    ap.add_argument("--full-head", action="store_true",
+                    help="also run ours without the lazy LM head (every verify row's logits)")
     args = ap.parse_args()
 
     target = args.model or default_target()
@@ -137,9 +141,11 @@ def main() -> int:
 
     llm, _ = load_target(target, n_ctx=args.n_ctx, n_threads=args.threads, flash_attn=fa)
     specs = {n: Speculator(llm, draft if n else None, n_max=n, selector="greedy") for n in [0, *n_maxes]}
+    full = {n: Speculator(llm, draft, n_max=n, selector="greedy", lazy_head=False) for n in n_maxes} \
+        if args.full_head else {}
     prompt_tokens = [chat_prompt_tokens(llm, [{"role": "user", "content": p}]) for p in prompts]
     prompt_texts = [llm.detokenize(t, special=True).decode("utf-8") for t in prompt_tokens]
-    for s in specs.values():  # warm-up: graphs, caches, pages
+    for s in [*specs.values(), *full.values()]:  # warm-up: graphs, caches, pages
         s.generate(prompt_tokens[0], max_tokens=8)
 
     hogs = CpuHogs(args.cpu_hog)
@@ -153,6 +159,8 @@ def main() -> int:
             for n in n_maxes:
                 ours = specs[n].generate(toks, max_tokens=args.max_tokens, temperature=0.0)
                 row: dict[str, Any] = {"ours": ours.stats, "ours_text": ours.text}
+                if full:
+                    row["full"] = full[n].generate(toks, max_tokens=args.max_tokens, temperature=0.0).stats
                 if upstream_bin:
                     up = run_upstream(upstream_bin, target, draft, text, n, args.max_tokens, args.threads,
                                       args.n_ctx, fa)
@@ -183,6 +191,8 @@ def main() -> int:
           f"{args.threads} threads, flash attention {args.flash_attn}, cpu hogs {args.cpu_hog}; "
           f"load average before {' '.join(load_before)}, after {' '.join(load_after)}")
     header = f"{'n_max':>5} {'ours tok/s':>10} {'tau ours':>8}"
+    if full:
+        header += f" {'full-head tok/s':>15} {'ours/full':>9}"
     if upstream_bin:
         header += f" {'upstr tok/s':>11} {'tau upstr':>9} {'ours/upstr':>10} {'texts agree':>11}"
     print(header)
@@ -190,6 +200,10 @@ def main() -> int:
         rs = rows[n]
         ours_tps = statistics.median(r["ours"]["tokens_per_second"] for r in rs)
         line = f"{n:>5} {ours_tps:10.1f} {statistics.median(r['ours']['tau'] for r in rs):8.2f}"
+        if full:
+            full_tps = statistics.median(r["full"]["tokens_per_second"] for r in rs)
+            gain = statistics.median(r["ours"]["tokens_per_second"] / r["full"]["tokens_per_second"] for r in rs)
+            line += f" {full_tps:15.1f} {gain:8.2f}x"
         if upstream_bin:
             up_tps = statistics.median(r["upstream"]["tokens_per_second"] for r in rs)
             ratio = statistics.median(r["ours"]["tokens_per_second"] / r["upstream"]["tokens_per_second"] for r in rs)
@@ -209,7 +223,7 @@ def main() -> int:
         print(f"\nplain decoding: ours (n_max 0) {statistics.median(a for a, _ in plain_rows):.1f} tok/s, "
               f"llama-cpp-python {statistics.median(b for _, b in plain_rows):.1f} tok/s, "
               f"median ratio {ratio:.2f}x")
-    for s in specs.values():
+    for s in [*specs.values(), *full.values()]:
         s.close()
     return 0
 

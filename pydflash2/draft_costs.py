@@ -29,8 +29,10 @@ def _file_id(path: str | os.PathLike[str]) -> str:
     return f"{os.path.abspath(path)}:{st.st_size}:{int(st.st_mtime)}"
 
 
-def cost_key(model_path: str, draft_path: str, device: str, n_threads: int, max_draft: int) -> str:
-    """What the costs depend on: both files, the drafter's device, threads, draft length and the machine."""
+def cost_key(model_path: str, draft_path: str, device: str, n_threads: int, max_draft: int,
+             lazy_head: bool = False) -> str:
+    """What the costs depend on: both files, the drafter's device, threads, draft length, whether
+    the verify runs the LM head lazily (Speculator), and the machine."""
     parts = [
         _file_id(model_path),
         _file_id(draft_path),
@@ -41,6 +43,8 @@ def cost_key(model_path: str, draft_path: str, device: str, n_threads: int, max_
         platform.machine(),
         str(os.cpu_count()),
     ]
+    if lazy_head:
+        parts.append("lazy-head")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 

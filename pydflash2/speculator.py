@@ -102,7 +102,15 @@ class Speculator:
     with it: for a target given as a path the Llama's own context is replaced by
     one (same parameters, same loaded model); for a Llama passed in, a second
     context (with its own KV cache) is made on its model and the Llama's own
-    context is left untouched."""
+    context is left untouched.
+
+    lazy_head (default on): the verify decode stops after the target's final
+    norm and the LM head runs only for the rows the verify reaches, once per
+    committed token, as in plain decoding (the rest of a rejected block needs
+    no logits). It needs pydflash2's evaluation callback in the target context:
+    a target given as a path, or a Llama from load_target, has it; for another
+    Llama every verify row's logits are computed as before. stats["lazy_head"]
+    says which ran."""
 
     def __init__(
         self,
@@ -120,6 +128,7 @@ class Speculator:
         exact: bool = False,
         flash_attn: bool = False,
         capture: str = "auto",
+        lazy_head: bool = True,
     ) -> None:
         if selector not in SELECTORS:
             raise ValueError(f"selector must be one of {sorted(SELECTORS)}, got {selector!r}")
@@ -143,7 +152,7 @@ class Speculator:
                 raise FileNotFoundError(f"target model not found: {path}")
             self.llm, self.invariance = load_target(path, n_ctx=n_ctx, n_threads=n_threads, verbose=verbose,
                                                     exact=exact, flash_attn=flash_attn,
-                                                    n_gpu_layers=n_gpu_layers)
+                                                    n_gpu_layers=n_gpu_layers, lazy_head=lazy_head)
         self.exact = exact
         self.n_max = n_max
         self.selector = selector
@@ -163,11 +172,18 @@ class Speculator:
         self.capture_path: str | None = None
         self._capturing: feature_capture.CapturingContext | None = None
         target_ctx = self.llm._ctx.ctx
+        # the callback context load_target made in place of the Llama's own, if any
+        own_capturing: feature_capture.CapturingContext | None = getattr(self.llm, "_pdf2_capturing", None)
+        if own_capturing is not None and own_capturing.context is not self.llm._ctx:
+            own_capturing = None  # the Llama's context was replaced since
         if self.drafter is not None:
             self.capture_path = feature_capture.capture_path(arch) if capture == "auto" else capture
             if self.capture_path == "callback":
-                self._capturing = feature_capture.capturing_context(self.llm, replace=owns_llm)
+                self._capturing = own_capturing or feature_capture.capturing_context(self.llm, replace=owns_llm)
                 target_ctx = self._capturing.ctx
+        # the lazy LM head needs the callback in the context the engine decodes in
+        head_capturing = self._capturing or own_capturing
+        self.lazy_head = bool(lazy_head and self.drafter is not None and head_capturing is not None)
         ctx_addr = ctypes.cast(target_ctx, ctypes.c_void_p).value
         handle = lib.pdf2_engine_new_capture(
             ffi.cast("void *", ctx_addr),
@@ -180,6 +196,9 @@ class Speculator:
         if handle == ffi.NULL:
             raise GenerationError(_native.last_error())
         self._engine = ffi.gc(handle, lib.pdf2_engine_free)
+        if self.lazy_head:
+            assert head_capturing is not None
+            _check(lib.pdf2_engine_set_head_capture(self._engine, head_capturing.capture.handle), "set_head_capture")
         if exact and self.invariance.max_batch is not None:
             # verify batches larger than this take other matmul kernels (exactness.py)
             _check(lib.pdf2_engine_cap_draft(self._engine, self.invariance.max_batch - 1), "cap_draft")
@@ -194,7 +213,7 @@ class Speculator:
         if n_max == "auto" and self.drafter is not None and self.max_draft > 0:
             assert self.draft_path is not None
             key = draft_costs.cost_key(self.llm.model_path, self.draft_path, self.drafter.device,
-                                       self.llm.context_params.n_threads, self.max_draft)
+                                       self.llm.context_params.n_threads, self.max_draft, self.lazy_head)
             prompt = draft_costs.warmup_prompt(lambda b: self.llm.tokenize(b, add_bos=True, special=False),
                                                self.llm.n_ctx(), self.max_draft)
             self.costs = draft_costs.load_or_measure(key, self.max_draft, lambda: self.measure_costs(prompt))
@@ -290,8 +309,10 @@ class Speculator:
             "begin",
         )
 
-    def _step(self) -> list[int]:
-        n = _check(lib.pdf2_engine_step(self._engine, self._out_c, len(self._out)), "step")
+    def _step(self, max_new: int = 0) -> list[int]:
+        """One draft-verify step; max_new > 0 caps its drafts so that no row past
+        the tokens still wanted is verified."""
+        n = _check(lib.pdf2_engine_step(self._engine, self._out_c, len(self._out), int(max_new)), "step")
         return self._out[:n].tolist()
 
     def engine_stats(self) -> dict[str, Any]:
@@ -349,7 +370,7 @@ class Speculator:
                     break
             else:
                 python_s += time.perf_counter() - t_native_done
-                pending = self._step()
+                pending = self._step(max_tokens - len(out))
                 t_native_done = time.perf_counter()
                 if pending:
                     continue
@@ -401,11 +422,15 @@ def load_target(
     exact: bool = False,
     flash_attn: bool = False,
     n_gpu_layers: int = 0,
+    lazy_head: bool = True,
 ) -> tuple[llama_cpp.Llama, exactness.Invariance]:
     """Loads a target GGUF the way the Speculator runs it, and says whether its
     forward is batch-invariant. exact=True checks the build first and raises
     ExactnessUnavailable before anything is loaded (see exactness.py).
-    flash_attn: off by default, and off in exact mode over >= 512 KV cells."""
+    flash_attn: off by default, and off in exact mode over >= 512 KV cells.
+    lazy_head: the Llama's context is made with pydflash2's evaluation callback
+    (it costs nothing while unused), so that a Speculator on it runs the LM head
+    only for the verify rows it reaches (see Speculator)."""
     flash_attn = exactness.flash_attn_for(n_ctx, exact, flash_attn)
     if exact:
         build = exactness.build_invariance()
@@ -419,4 +444,17 @@ def load_target(
     if exact and not inv:
         llm.close()
         raise ExactnessUnavailable(exactness.unavailable_message(inv))
+    if lazy_head:
+        with_lazy_head(llm)
     return llm, inv
+
+
+def with_lazy_head(llm: llama_cpp.Llama) -> llama_cpp.Llama:
+    """Gives a Llama's context pydflash2's graph evaluation callback (a new
+    context in place of its own, same parameters and model; the callback costs
+    nothing while unused), so that Speculators on it run the LM head only for
+    the verify rows they reach. Returns llm."""
+    current = getattr(llm, "_pdf2_capturing", None)
+    if current is None or current.context is not llm._ctx:
+        llm._pdf2_capturing = feature_capture.capturing_context(llm, replace=True)
+    return llm

@@ -93,7 +93,11 @@ def make_llm(target: str, placement: str, devices: list[str]) -> llama_cpp.Llama
     elif placement != "cpu":
         # llama.cpp numbers the GPU-type devices it sees: main_gpu picks one of them
         kw = {"n_gpu_layers": 99, "split_mode": llama_cpp.LLAMA_SPLIT_MODE_NONE, "main_gpu": devices.index(placement)}
-    return llama_cpp.Llama(target, n_ctx=512, n_batch=512, n_threads=1, n_threads_batch=1, verbose=False, **kw)
+    from pydflash2.speculator import with_lazy_head
+
+    # with the lazy LM head: on a device placement its head runs on that device
+    return with_lazy_head(llama_cpp.Llama(target, n_ctx=512, n_batch=512, n_threads=1, n_threads_batch=1,
+                                          verbose=False, **kw))
 
 
 def speculate(target: str, drafter: str, placement: str, device: str, prompts: list[str], n_max: int,
@@ -106,13 +110,14 @@ def speculate(target: str, drafter: str, placement: str, device: str, prompts: l
     with Speculator(llm, drafter, n_max=n_max, device=device) as spec:
         res["drafter_device"] = spec.drafter.device if spec.drafter else None
         res["greedy"] = {}
-        drafted = accepted = 0
+        drafted = accepted = lazy_rows = 0
         for p in prompts:
             c = spec.generate(p, max_tokens=max_tokens, chat=False)
             res["greedy"][p] = c.tokens
             drafted += sum(c.stats["drafted_per_position"])
             accepted += sum(c.stats["accepted_per_position"])
-        res["drafted"], res["accepted"] = drafted, accepted
+            lazy_rows += c.stats["lazy_head_rows"]
+        res["drafted"], res["accepted"], res["lazy_head_rows"] = drafted, accepted, lazy_rows
         res["stream"] = "".join(spec.stream(prompts[0], max_tokens=max_tokens, chat=False))
         gen = spec.stream(prompts[1], max_tokens=max_tokens, chat=False)
         next(gen)
@@ -317,6 +322,7 @@ def test_speculator_placements_give_the_cpu_tokens(rpc_servers, models, cpu_refe
     assert res["greedy"] == cpu_reference  # lossless
     # drafts were both accepted and rejected: the drafter cache was rolled back on the device
     assert 0 < res["accepted"] < res["drafted"]
+    assert res["lazy_head_rows"] > 0  # the target's head ran lazily, where its weight lives
     assert res["after_cancel"] == cpu_reference[PROMPTS[2]]
     a, b, c = res["sampled"]
     assert a == b and len(a) == MAX_TOKENS

@@ -3,6 +3,7 @@ stop handling, and clean failures. Targets and drafters are tiny real models."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import llama_cpp
@@ -14,7 +15,7 @@ from pydflash2.convert.cli import main as convert_main
 from scipy.stats import chi2_contingency
 
 from pydflash2 import draft_costs, exactness, testing
-from pydflash2.speculator import Completion, GenerationError, Speculator
+from pydflash2.speculator import Completion, GenerationError, Speculator, with_lazy_head
 
 HOT = tuple(testing.FIRST_MERGED_ID + i for i in range(6))
 
@@ -43,7 +44,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def llm(models) -> llama_cpp.Llama:
-    return llama_cpp.Llama(str(models["target"]), n_ctx=512, n_batch=512, verbose=False)
+    """With the lazy LM head, as load_target makes targets: every test here runs it."""
+    return with_lazy_head(llama_cpp.Llama(str(models["target"]), n_ctx=512, n_batch=512, verbose=False))
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +190,51 @@ def test_max_tokens(models, llm) -> None:
         for n in (1, 2, 5, 9):
             out = spec.generate("Hello", max_tokens=n, chat=False)
             assert out.finish_reason == "length" and len(out.tokens) == n
+
+
+def test_no_draft_is_verified_past_max_tokens(models, llm, plain, exact) -> None:
+    """Near max_tokens a step drafts only what can still be kept (as upstream caps
+    its drafts): the verify rows of a request never pass its last token."""
+    with Speculator(llm, models["v2"], n_max=7) as spec:
+        for n in (1, 2, 5, 9, 24):
+            out = spec.generate("Hello", max_tokens=n, chat=False)
+            check_greedy(out.tokens, dataclasses.replace(plain["Hello"], tokens=plain["Hello"].tokens[:n]),
+                         exact=exact, what=n)
+            # the target committed exactly the tokens asked for: no step overshot max_tokens
+            # (uncapped, a last step that accepts more drafts than are wanted commits them)
+            assert out.stats["n_generated"] == n, (n, out.stats["n_max_histogram"])
+            hist = out.stats["n_max_histogram"]
+            assert all(count == 0 for count in hist[max(0, n - 1):]), (n, hist)  # no draft of n-1 or more
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_lazy_head_runs_the_head_once_per_committed_token(models, llm, plain, exact, temperature) -> None:
+    """The verify decode stops before the LM head; the head then runs for the rows
+    the verify reads: one per committed token (a rejected block's later rows get
+    none). Output equals the run that computes every row's logits (on a
+    batch-invariant target; elsewhere greedy output is checked against plain
+    decoding as everywhere)."""
+    rows = full_rows = 0
+    with (Speculator(llm, models["v2"], n_max=5) as lazy,
+          Speculator(llm, models["v2"], n_max=5, lazy_head=False) as full):
+        assert lazy.lazy_head and not full.lazy_head
+        for i, prompt in enumerate(PROMPTS[:8]):
+            a = lazy.generate(prompt, max_tokens=24, chat=False, temperature=temperature, seed=i)
+            b = full.generate(prompt, max_tokens=24, chat=False, temperature=temperature, seed=i)
+            if exact:
+                assert a.tokens == b.tokens, prompt
+            elif temperature == 0.0:
+                check_greedy(a.tokens, dataclasses.replace(plain[prompt], tokens=plain[prompt].tokens[:24]),
+                             exact=False, what=prompt)
+            st = a.stats
+            assert st["lazy_head"] is True and b.stats["lazy_head"] is False
+            # steps that drafted nothing (the last one, capped by max_tokens) decode one row the usual way
+            spec_tokens = st["n_generated"] - 1 - st["n_max_histogram"][0]
+            assert st["lazy_head_rows"] == spec_tokens, (prompt, st["lazy_head_rows"], spec_tokens)
+            rows += st["lazy_head_rows"]
+            full_rows += sum((d + 1) * c for d, c in enumerate(st["n_max_histogram"]) if d > 0)
+            assert b.stats["lazy_head_rows"] == 0
+    assert rows < full_rows  # blocks were rejected: the head ran for fewer rows than were verified
 
 
 def test_eos_ends_generation(tmp_path) -> None:

@@ -119,6 +119,13 @@ pdf2_engine * pdf2_engine_new(void * target_ctx, pdf2_drafter * drafter, int32_t
                               int32_t q_top_k);
 /* Frees the engine without touching the target context (it may be gone). */
 void pdf2_engine_free(pdf2_engine * e);
+/* Lazy LM head: the target context was created with this capture's
+ * evaluation callback (pdf2_capture_eval_callback). Verify decodes then stop
+ * before the head, which runs one row at a time for the rows the verify
+ * reaches (the same output; less work when drafts are rejected). Only where
+ * the graph's head is a plain mul_mat (learned from the first full decode);
+ * elsewhere nothing changes. NULL turns it off. 0 / -1. */
+int pdf2_engine_set_head_capture(pdf2_engine * e, struct pdf2_capture * capture);
 /* Turns the target's layer-input capture off again; call while the target lives. */
 int pdf2_engine_release_target(pdf2_engine * e);
 /* Largest number of drafts one step may verify; steps commit at most this + 1 tokens. */
@@ -138,8 +145,10 @@ int pdf2_engine_measure_costs(pdf2_engine * e, int32_t reps, double * verify_s, 
 int32_t pdf2_engine_begin(pdf2_engine * e, const int32_t * prompt, int32_t n_prompt, float temperature,
                           int32_t top_k, float top_p, float min_p, uint64_t seed);
 /* One draft-verify step: writes the committed tokens (max_out >= max_draft+1)
- * and returns their number; 0 = context full; -1 = failure. */
-int32_t pdf2_engine_step(pdf2_engine * e, int32_t * out, int32_t max_out);
+ * and returns their number; 0 = context full; -1 = failure. max_new > 0: the
+ * tokens the caller still wants; the step drafts at most max_new-1 of them
+ * (no rows verified past the end). max_new <= 0: no cap. */
+int32_t pdf2_engine_step(pdf2_engine * e, int32_t * out, int32_t max_out, int32_t max_new);
 char * pdf2_engine_stats_json(pdf2_engine * e);
 
 /* ---- Batch engine: continuous batching of several requests (server) ----

@@ -13,27 +13,76 @@ namespace pdf2 {
 namespace {
 
 const char L_OUT[] = "l_out-";
+const char RESULT_NORM[] = "result_norm";
+const char RESULT_OUTPUT[] = "result_output";
 
 }  // namespace
 
 bool CallbackCapture::eval_callback(ggml_tensor * t, bool ask, void * user_data) {
     auto * self = static_cast<CallbackCapture *>(user_data);
-    if (self == nullptr || !self->armed_) {
+    if (self == nullptr) {
         return !ask;  // nothing wanted; after a computed node, always let the graph go on
     }
-    const int32_t slot = self->slot_of_output(t->name);
+    const bool is_norm = self->cutting_ && std::strcmp(t->name, RESULT_NORM) == 0;
     if (ask) {
+        if (!self->head_seen_ && std::strcmp(t->name, RESULT_OUTPUT) == 0) {
+            self->learn_head(t);
+        }
+        if (!self->armed_) {
+            return is_norm;
+        }
         ++self->n_asked_;
-        return slot >= 0;
+        return is_norm || self->slot_of_output(t->name) >= 0;
     }
-    if (slot >= 0) {
-        try {
-            self->copy(slot, t);
-        } catch (const std::exception & e) {  // never unwind through ggml's C code
-            self->problem_[static_cast<size_t>(slot)] = e.what();
+    if (self->armed_) {
+        const int32_t slot = self->slot_of_output(t->name);
+        if (slot >= 0) {
+            try {
+                self->copy(slot, t);
+            } catch (const std::exception & e) {  // never unwind through ggml's C code
+                self->problem_[static_cast<size_t>(slot)] = e.what();
+            }
         }
     }
-    return true;  // false would stop the graph
+    if (is_norm) {
+        // false stops the graph here: the head (result_output) is not computed
+        return !self->copy_hidden(t);
+    }
+    return true;
+}
+
+void CallbackCapture::learn_head(const ggml_tensor * t) {
+    head_seen_ = true;
+    const ggml_tensor * w = t->src[0];
+    const ggml_tensor * h = t->src[1];
+    head_usable_ = t->op == GGML_OP_MUL_MAT && t->type == GGML_TYPE_F32 && w != nullptr && h != nullptr &&
+                   std::strcmp(h->name, RESULT_NORM) == 0 && w->buffer != nullptr && w->ne[2] == 1 && w->ne[3] == 1 &&
+                   ggml_is_contiguous(w);
+    head_weight_ = head_usable_ ? w : nullptr;
+}
+
+void CallbackCapture::cut_head(int32_t n_embd, int32_t n_rows) {
+    cutting_ = true;
+    cut_done_ = false;
+    cut_embd_ = n_embd;
+    cut_rows_ = n_rows;
+    hidden_.resize(static_cast<size_t>(n_embd) * static_cast<size_t>(n_rows));
+}
+
+bool CallbackCapture::end_cut() {
+    cutting_ = false;
+    return cut_done_;
+}
+
+bool CallbackCapture::copy_hidden(const ggml_tensor * t) {
+    // only a tensor of the expected shape is cut at; anything else runs to the end (llama's logits stay valid)
+    if (t->type != GGML_TYPE_F32 || t->ne[0] != cut_embd_ || t->ne[1] != cut_rows_ || t->ne[2] != 1 ||
+        t->ne[3] != 1 || !ggml_is_contiguous(t) || t->data == nullptr) {
+        return false;
+    }
+    ggml_backend_tensor_get(t, hidden_.data(), 0, hidden_.size() * sizeof(float));
+    cut_done_ = true;
+    return true;
 }
 
 int32_t CallbackCapture::slot_of_output(const char * name) const {

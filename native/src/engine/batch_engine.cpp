@@ -486,8 +486,9 @@ void BatchEngine::finish_decode(int idx, Slot & s, std::vector<int32_t> & counts
             throw Error("target produced no logits for batch row " + std::to_string(s.row0 + j));
         }
     }
-    const VerifyResult v = s.sampler->params().greedy() ? verify_greedy(s.drafts, rows, target_.n_vocab())
-                                                         : verify_stochastic(s.drafts, s.q, rows, *s.sampler);
+    const LogitRows row = [&rows](int j) { return rows[static_cast<size_t>(j)]; };
+    const VerifyResult v = s.sampler->params().greedy() ? verify_greedy(s.drafts, row, target_.n_vocab())
+                                                         : verify_stochastic(s.drafts, s.q, row, *s.sampler);
     const int k = v.n_accepted;
     if (n > 0) {
         llama_memory_seq_rm(llama_get_memory(ctx_.get()), idx, s.pos + k + 1, -1);  // rejected drafts

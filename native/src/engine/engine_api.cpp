@@ -42,6 +42,13 @@ extern "C" pdf2_engine * pdf2_engine_new_capture(void * target_ctx, pdf2_capture
 
 extern "C" void pdf2_engine_free(pdf2_engine * e) { delete e; }
 
+extern "C" int pdf2_engine_set_head_capture(pdf2_engine * e, struct pdf2_capture * capture) {
+    return pdf2::guarded<int>(-1, [&] {
+        get(e).set_head_capture(capture != nullptr ? capture_impl(capture) : nullptr);
+        return 0;
+    });
+}
+
 extern "C" int pdf2_engine_release_target(pdf2_engine * e) {
     return pdf2::guarded<int>(-1, [&] {
         get(e).release_target();
@@ -98,14 +105,14 @@ extern "C" int32_t pdf2_engine_begin(pdf2_engine * e, const int32_t * prompt, in
     });
 }
 
-extern "C" int32_t pdf2_engine_step(pdf2_engine * e, int32_t * out, int32_t max_out) {
+extern "C" int32_t pdf2_engine_step(pdf2_engine * e, int32_t * out, int32_t max_out, int32_t max_new) {
     return pdf2::guarded<int32_t>(-1, [&] {
         pdf2::SpecEngine & eng = get(e);
         if (out == nullptr || max_out < eng.max_draft() + 1) {
             throw pdf2::Error("step output buffer must hold max_draft+1 tokens");
         }
         std::vector<llama_token> toks;
-        const int n = eng.step(toks);
+        const int n = eng.step(toks, max_new);
         std::copy(toks.begin(), toks.end(), out);
         return static_cast<int32_t>(n);
     });

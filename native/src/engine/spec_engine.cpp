@@ -63,6 +63,11 @@ void SpecEngine::cap_draft(int max_draft) {
     }
 }
 
+void SpecEngine::set_head_capture(CallbackCapture * capture) {
+    target_.set_head_capture(capture);
+    lazy_head_ = capture != nullptr;
+}
+
 void SpecEngine::set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s) {
     policy_.set_costs(verify_s, draft_s);
 }
@@ -137,6 +142,7 @@ llama_token SpecEngine::begin(const std::vector<llama_token> & prompt, const Sam
     stats_.prefill_s = seconds_since(t0) - stats_.inject_s - stats_.graph_setup_s;  // those count as inject, setup
     in_begin_s_ = stats_.inject_s + stats_.graph_setup_s;
     graph_builds0_ = drafter_ != nullptr ? drafter_->n_graph_builds() : 0;
+    head_rows0_ = target_.lazy_head_rows();
     stats_.n_generated = 1;
     pos_ = n;
     anchor_ = first;
@@ -151,7 +157,7 @@ int SpecEngine::choose_n_draft() {
     return opts_.n_max < 0 ? policy_.choose() : max_draft_;
 }
 
-int SpecEngine::step(std::vector<llama_token> & out) {
+int SpecEngine::step(std::vector<llama_token> & out, int max_new) {
     if (!started_) {
         throw Error("step() before begin()");
     }
@@ -165,7 +171,10 @@ int SpecEngine::step(std::vector<llama_token> & out) {
         return 0;
     }
     // the verify batch [anchor, d1..dn] must fit the context
-    const int n = std::min(choose_n_draft(), target_.n_ctx() - pos_ - 1);
+    int n = std::min(choose_n_draft(), target_.n_ctx() - pos_ - 1);
+    if (max_new > 0) {
+        n = std::min(n, max_new - 1);
+    }
     const bool greedy = sampler_->params().greedy();
 
     std::vector<llama_token> drafts;
@@ -208,22 +217,24 @@ int SpecEngine::step(std::vector<llama_token> & out) {
     const auto t1 = Clock::now();
     batch_.assign(1, anchor_);
     batch_.insert(batch_.end(), drafts.begin(), drafts.end());
-    target_.decode(batch_.data(), static_cast<int32_t>(batch_.size()), pos_, n > 0, /*generation =*/true);
+    target_.decode(batch_.data(), static_cast<int32_t>(batch_.size()), pos_, n > 0, /*generation =*/true,
+                   /*lazy_head =*/n > 0 && lazy_head_);
     const auto t_logic = Clock::now();
-    stats_.verify_decode_s += std::chrono::duration<double>(t_logic - t1).count();
-    std::vector<const float *> rows(batch_.size());
-    for (size_t j = 0; j < rows.size(); ++j) {
-        rows[j] = target_.logits(static_cast<int32_t>(j));
-    }
-    const VerifyResult v = greedy ? verify_greedy(drafts, rows, target_.n_vocab())
-                                  : verify_stochastic(drafts, q, rows, *sampler_);
+    // rows are read in order, each as the verify reaches it (a lazy head computes it then)
+    const double head_s0 = target_.lazy_head_seconds();
+    const LogitRows row = [this](int j) { return target_.logits(j); };
+    const VerifyResult v = greedy ? verify_greedy(drafts, row, target_.n_vocab())
+                                  : verify_stochastic(drafts, q, row, *sampler_);
+    // the lazy head is the target's forward finished row by row: it counts as verify decode
+    const double head_s = target_.lazy_head_seconds() - head_s0;
+    stats_.verify_decode_s += std::chrono::duration<double>(t_logic - t1).count() + head_s;
     const int k = v.n_accepted;
     if (n > 0) {
         target_.truncate(pos_ + k + 1);  // drop the rejected drafts from the target cache
     }
-    const double logic_s = seconds_since(t_logic);
+    const double logic_s = seconds_since(t_logic) - head_s;
     stats_.verify_logic_s += logic_s;
-    stats_.verify_s += std::chrono::duration<double>(t_logic - t1).count() + logic_s;
+    stats_.verify_s += std::chrono::duration<double>(t_logic - t1).count() + head_s + logic_s;
 
     queue_rows(0, k + 1, pos_);  // anchor + accepted drafts are committed
 
@@ -268,7 +279,9 @@ void SpecEngine::measure_costs(int reps, std::vector<double> & verify_s, std::ve
         // interleave the sizes so that machine noise spreads evenly over them
         for (int b = 1; b <= max_b; ++b) {
             const auto t0 = Clock::now();
-            target_.decode(tokens.data(), b, pos_, b > 1, /*generation =*/true);
+            // as a verify runs it: with a lazy head, the decode plus the head of its first row
+            target_.decode(tokens.data(), b, pos_, b > 1, /*generation =*/true, /*lazy_head =*/b > 1 && lazy_head_);
+            (void) target_.logits(0);
             vt[static_cast<size_t>(b - 1)].push_back(seconds_since(t0));
             target_.truncate(pos_);
         }
@@ -321,6 +334,9 @@ std::string SpecEngine::stats_json() const {
     // inject during begin() (prompt features) lies outside step(): only the step's own share is subtracted
     w.field("step_other_s", std::max(0.0, stats_.step_s - (in_phases - in_begin_s_)));
     w.end_object();
+    // rows whose LM head ran lazily (0 without the lazy head: every verify row's logits were computed)
+    w.field("lazy_head", lazy_head_);
+    w.field("lazy_head_rows", target_.lazy_head_rows() - head_rows0_);
     w.field("drafter_graph_builds",
             static_cast<int64_t>(drafter_ != nullptr ? drafter_->n_graph_builds() - graph_builds0_ : 0));
     array("drafted_per_position", stats_.drafted);

@@ -57,7 +57,15 @@ class SpecEngine {
     llama_token begin(const std::vector<llama_token> & prompt, const SamplingParams & sampling);
     // One draft-verify step: appends the committed tokens to out and returns how
     // many (>= 1); 0 when the context is full.
-    int step(std::vector<llama_token> & out);
+    // max_new > 0: the caller wants at most max_new more tokens, so the step
+    // drafts at most max_new - 1 (upstream caps its drafts the same way; rows
+    // verified past the end would be thrown away). <= 0: no cap.
+    int step(std::vector<llama_token> & out, int max_new = 0);
+
+    // The target context was created with this capture's evaluation callback:
+    // verify decodes stop before the LM head, which then runs only for the rows
+    // the verify reaches (lazy_head.h). Null: every verify row's logits, as usual.
+    void set_head_capture(CallbackCapture * capture);
 
     // Hands the target context back as it was (no layer-input capture).
     void release_target() { target_.release(); }
@@ -96,6 +104,8 @@ class SpecEngine {
     std::vector<llama_token> batch_;
     double in_begin_s_ = 0;  // the inject + graph setup seconds spent in begin() (outside step())
     uint64_t graph_builds0_ = 0;    // the drafter's build count when the request began
+    bool lazy_head_ = false;
+    int64_t head_rows0_ = 0;        // lazily computed head rows when the request began
 };
 
 }  // namespace pdf2

@@ -4,6 +4,7 @@
 #include "common/llama_ext.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 
@@ -81,7 +82,13 @@ void TargetRunner::claim() {
     }
 }
 
-void TargetRunner::decode(const llama_token * tokens, int32_t n, int32_t pos0, bool all_logits, bool generation) {
+void TargetRunner::set_head_capture(CallbackCapture * capture) {
+    head_capture_ = capture;
+    head_.reset();
+}
+
+void TargetRunner::decode(const llama_token * tokens, int32_t n, int32_t pos0, bool all_logits, bool generation,
+                          bool lazy_head) {
     if (n < 1 || n > n_batch_) {
         throw Error("target batch of " + std::to_string(n) + " tokens (allowed 1.." + std::to_string(n_batch_) + ")");
     }
@@ -104,6 +111,12 @@ void TargetRunner::decode(const llama_token * tokens, int32_t n, int32_t pos0, b
     if (capturing) {
         capture_->arm(layers_, n_embd_, n);
     }
+    // cut before the head only when every row outputs (result_norm then holds them all)
+    // and a full decode already showed that the head is one mul_mat
+    const bool cut = lazy_head && all_logits && head_capture_ != nullptr && head_capture_->head_weight() != nullptr;
+    if (cut) {
+        head_capture_->cut_head(n_embd_, n);
+    }
     const int32_t nt = llama_n_threads(ctx_);
     const int32_t ntb = llama_n_threads_batch(ctx_);
     const bool swap_threads = generation && n > 1 && nt != ntb;
@@ -117,6 +130,7 @@ void TargetRunner::decode(const llama_token * tokens, int32_t n, int32_t pos0, b
     if (capturing) {
         capture_->disarm();
     }
+    const bool was_cut = cut && head_capture_->end_cut();
     if (rc != 0) {
         throw Error("target llama_decode failed (code " + std::to_string(rc) + ")");
     }
@@ -125,9 +139,36 @@ void TargetRunner::decode(const llama_token * tokens, int32_t n, int32_t pos0, b
     }
     last_n_ = n;
     last_all_logits_ = all_logits;
+    last_lazy_ = was_cut;
+    if (was_cut) {
+        const ggml_tensor * w = head_capture_->head_weight();
+        if (!head_ || head_->weight() != w) {
+            head_ = std::make_unique<LazyHead>(w, llama_n_threads(ctx_));
+        }
+        if (head_->n_vocab() != n_vocab_) {
+            throw Error("lazy head: the head has " + std::to_string(head_->n_vocab()) + " rows, the vocabulary " +
+                        std::to_string(n_vocab_));
+        }
+        lazy_logits_.resize(static_cast<size_t>(n) * static_cast<size_t>(n_vocab_));
+        lazy_done_.assign(static_cast<size_t>(n), 0);
+    }
 }
 
-const float * TargetRunner::logits(int32_t row) const {
+const float * TargetRunner::logits(int32_t row) {
+    if (last_lazy_) {
+        if (row < 0 || row >= last_n_) {
+            throw Error("target produced no logits for row " + std::to_string(row));
+        }
+        float * out = lazy_logits_.data() + static_cast<size_t>(row) * static_cast<size_t>(n_vocab_);
+        if (!lazy_done_[static_cast<size_t>(row)]) {
+            const auto t0 = std::chrono::steady_clock::now();
+            head_->logits(head_capture_->hidden() + static_cast<size_t>(row) * static_cast<size_t>(n_embd_), out);
+            lazy_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            lazy_done_[static_cast<size_t>(row)] = 1;
+            lazy_rows_total_ += 1;
+        }
+        return out;
+    }
     const float * out = llama_get_logits_ith(ctx_, last_all_logits_ ? row : -1);
     if (out == nullptr) {
         throw Error("target produced no logits for row " + std::to_string(row));

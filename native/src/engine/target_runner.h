@@ -11,12 +11,13 @@
 #include "capture/capture_rule.h"
 #include "capture/feature_capture_callback.h"
 #include "drafter/drafter.h"
+#include "engine/lazy_head.h"
 
 #include <llama.h>
 
-#include <string>
-
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 namespace pdf2 {
@@ -40,9 +41,23 @@ class TargetRunner {
     // batches) instead of its prompt-processing threads (n_threads_batch): a few rows are
     // generation work, and more threads than plain decoding uses spin at every graph
     // barrier when the cores are oversubscribed. Throws pdf2::Error on failure.
-    void decode(const llama_token * tokens, int32_t n, int32_t pos0, bool all_logits, bool generation = false);
+    // lazy_head: a verify batch whose rows' logits are read in order and only as far as
+    // the verify gets (see lazy_head.h); honoured when a head capture is set and its head
+    // is known, else the decode computes every row's logits as usual.
+    void decode(const llama_token * tokens, int32_t n, int32_t pos0, bool all_logits, bool generation = false,
+                bool lazy_head = false);
 
-    const float * logits(int32_t row) const;  // row of the last decode that asked for logits
+    // Row of the last decode that asked for logits. After a lazy-head decode each row's
+    // head is computed on first use (so ask for rows in the order the verify needs them).
+    const float * logits(int32_t row);
+
+    // The capture whose evaluation callback the context was created with, for the lazy
+    // head (it may also be the feature capture). Null turns the lazy head off.
+    void set_head_capture(CallbackCapture * capture);
+    bool lazy_head_available() const { return head_capture_ != nullptr; }
+    // Rows whose head ran lazily, and the seconds it took, since creation.
+    int64_t lazy_head_rows() const { return lazy_rows_total_; }
+    double lazy_head_seconds() const { return lazy_seconds_; }
 
     // Features of rows [row0, row0+n) of the last decode: n x (n_layers * n_embd) floats.
     void features(int32_t row0, int32_t n, std::vector<float> & out) const;
@@ -81,6 +96,14 @@ class TargetRunner {
     int32_t n_ctx_, n_batch_, n_vocab_, n_embd_, n_layer_;
     int32_t last_n_ = 0;
     bool last_all_logits_ = false;
+
+    CallbackCapture * head_capture_ = nullptr;
+    std::unique_ptr<LazyHead> head_;
+    bool last_lazy_ = false;                 // the last decode stopped before the head
+    std::vector<float> lazy_logits_;         // last_n_ x n_vocab_, row j valid once lazy_done_[j]
+    std::vector<uint8_t> lazy_done_;
+    int64_t lazy_rows_total_ = 0;
+    double lazy_seconds_ = 0;
 };
 
 // The checks both engines make before pairing a drafter with a target: hidden size and

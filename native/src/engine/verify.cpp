@@ -4,27 +4,26 @@
 
 namespace pdf2 {
 
-VerifyResult verify_greedy(const std::vector<llama_token> & drafts, const std::vector<const float *> & rows,
-                           int32_t n_vocab) {
+VerifyResult verify_greedy(const std::vector<llama_token> & drafts, const LogitRows & row, int32_t n_vocab) {
     VerifyResult r;
     for (size_t j = 0; j < drafts.size(); ++j) {
-        const llama_token want = argmax_token(rows[j], n_vocab);
+        const llama_token want = argmax_token(row(static_cast<int>(j)), n_vocab);
         if (want != drafts[j]) {
             r.next = want;
             return r;
         }
         ++r.n_accepted;
     }
-    r.next = argmax_token(rows[drafts.size()], n_vocab);
+    r.next = argmax_token(row(static_cast<int>(drafts.size())), n_vocab);
     return r;
 }
 
 VerifyResult verify_stochastic(const std::vector<llama_token> & drafts, const std::vector<SparseDist> & q,
-                               const std::vector<const float *> & rows, TargetSampler & sampler) {
+                               const LogitRows & row, TargetSampler & sampler) {
     VerifyResult r;
     SparseDist p;
     for (size_t j = 0; j < drafts.size(); ++j) {
-        sampler.distribution(rows[j], p);
+        sampler.distribution(row(static_cast<int>(j)), p);
         const float pd = p.prob_of(drafts[j]);
         const float qd = q[j].prob_of(drafts[j]);
         if (qd > 0.0f && sampler.uniform() * qd < pd) {  // accept with probability min(1, p/q)
@@ -52,7 +51,7 @@ VerifyResult verify_stochastic(const std::vector<llama_token> & drafts, const st
         r.next = sampler.draw(residual);
         return r;
     }
-    sampler.distribution(rows[drafts.size()], p);
+    sampler.distribution(row(static_cast<int>(drafts.size())), p);
     r.next = sampler.draw(p);
     return r;
 }

@@ -6,6 +6,7 @@
 
 #include "engine/target_sampling.h"
 
+#include <functional>
 #include <vector>
 
 namespace pdf2 {
@@ -15,12 +16,14 @@ struct VerifyResult {
     llama_token next = -1;   // bonus / correction token: the next anchor
 };
 
-// rows[j] = target logits after the anchor and the first j drafts (j = 0..n).
-VerifyResult verify_greedy(const std::vector<llama_token> & drafts, const std::vector<const float *> & rows,
-                           int32_t n_vocab);
+// row(j) = target logits after the anchor and the first j drafts (j = 0..n). Rows are
+// asked for in order and only as far as the verify gets (the target's head may run lazily).
+using LogitRows = std::function<const float *(int)>;
+
+VerifyResult verify_greedy(const std::vector<llama_token> & drafts, const LogitRows & row, int32_t n_vocab);
 
 // q[j] = the draft distribution the j-th draft was drawn from.
 VerifyResult verify_stochastic(const std::vector<llama_token> & drafts, const std::vector<SparseDist> & q,
-                               const std::vector<const float *> & rows, TargetSampler & sampler);
+                               const LogitRows & row, TargetSampler & sampler);
 
 }  // namespace pdf2
