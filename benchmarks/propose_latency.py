@@ -7,7 +7,10 @@ the two are timed interleaved (ours, upstream, ours, upstream, ...):
              (batch building and the seq_rm rollback are outside the timing)
 Prints median times and the ratio ours/upstream (goal <= 1.0).
 
-    python benchmarks/propose_latency.py [--ctx 256] [--reps 50] [--threads 2]
+    python benchmarks/propose_latency.py [--ctx 256] [--reps 50] [--threads 2] [--shipped]
+
+--shipped measures the shipped pair (SmolLM2 target, the DFlash2 drafter in
+pydflash2/data) instead of generated tiny models.
 """
 
 from __future__ import annotations
@@ -30,31 +33,44 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--embd", type=int, default=256)
+    ap.add_argument("--shipped", action="store_true", help="the shipped SmolLM2 pair instead of tiny models")
     args = ap.parse_args()
 
+    if args.shipped:
+        from pydflash2.models import default_drafter, default_target
+
+        target, drafter = default_target(), default_drafter()
+    else:
+        target, drafter = make_tiny_pair(args.embd)
+    measure(target, drafter, args.ctx, args.reps, args.threads)
+
+
+def make_tiny_pair(embd: int) -> tuple[Path, Path]:
     tmp = Path(tempfile.mkdtemp(prefix="pdf2-bench-"))
-    tspec = testing.TargetSpec(n_layer=4, n_embd=args.embd, n_head=4, n_head_kv=2, n_ff=2 * args.embd)
+    tspec = testing.TargetSpec(n_layer=4, n_embd=embd, n_head=4, n_head_kv=2, n_ff=2 * embd)
     target = testing.make_target_gguf(tmp / "target.gguf", tspec)
     dspec = testing.DrafterSpec(
         version=2,
         block_size=16,
         target_layer_ids=(0, 1, 2),
-        n_ff=2 * args.embd,
+        n_ff=2 * embd,
         selector_top_k=8,
         conv_group_size=32,
         selector_rank=16,
     )
     ck = testing.make_drafter_checkpoint(tmp / "ck", target, dspec)
-    drafter = testing.checkpoint_to_gguf(ck, target, tmp / "dflash2.gguf")
+    return target, testing.checkpoint_to_gguf(ck, target, tmp / "dflash2.gguf")
 
-    up = upstream.UpstreamDrafter(target, drafter, n_ctx=args.ctx + 64, n_threads=args.threads)
-    ours = Drafter(drafter, target, n_ctx=args.ctx + 64, n_threads=args.threads)
+
+def measure(target: Path, drafter: Path, ctx: int, reps: int, threads: int) -> None:
+    up = upstream.UpstreamDrafter(target, drafter, n_ctx=ctx + 64, n_threads=threads)
+    ours = Drafter(drafter, target, n_ctx=ctx + 64, n_threads=threads)
     rng = np.random.default_rng(0)
-    prompt = rng.integers(8, up.n_vocab, size=args.ctx).tolist()
+    prompt = rng.integers(8, up.n_vocab, size=ctx).tolist()
     feats, logits = up.target_decode(prompt, 0)
-    up.inject(feats, range(args.ctx))
-    ours.inject(feats, np.arange(args.ctx))
-    anchor, pos = int(np.argmax(logits[-1])), args.ctx
+    up.inject(feats, range(ctx))
+    ours.inject(feats, np.arange(ctx))
+    anchor, pos = int(np.argmax(logits[-1])), ctx
     lc = up._lc
 
     def run_upstream(n: int) -> float:
@@ -76,14 +92,14 @@ def main() -> None:
         assert rc == 0
         return dt
 
-    print(f"device={ours.device} threads={args.threads} H={args.embd} ctx={args.ctx} reps={args.reps}")
+    print(f"{Path(target).name} + {Path(drafter).name}: device={ours.device} threads={threads} ctx={ctx} reps={reps}")
     print(f"{'n':>3} {'ours ms':>9} {'upstream ms':>12} {'ratio':>7}")
-    for n in (4, 8, 16):
+    for n in [n for n in (4, 8, 16) if n <= ours.block_size]:
         for _ in range(5):  # warm-up (graph build / allocation)
             run_ours(n)
             run_upstream(n)
         t_o, t_u = [], []
-        for _ in range(args.reps):
+        for _ in range(reps):
             t_o.append(run_ours(n))
             t_u.append(run_upstream(n))
         mo, mu = statistics.median(t_o) * 1e3, statistics.median(t_u) * 1e3

@@ -236,8 +236,10 @@ ggml_tensor * Builder::head(ggml_tensor * hidden) {
             cur = ggml_scale(ctx0_, cur, hp_.logit_softcap);
         }
     }
-    if (m_.d2t != nullptr) {
-        // reduced draft vocabulary: d2t holds the target row of every draft row
+    if (m_.d2t != nullptr && !m_.is_v2()) {
+        // reduced draft vocabulary: d2t holds the target row of every draft row. DFlash1 hands
+        // out full-vocabulary logits; DFlash2's selector ranks the draft rows and maps its
+        // candidates to target ids itself (no -inf fill of the other 40k+ rows)
         const int64_t Vd = cur->ne[0];
         const int64_t P = cur->ne[1];
         const int64_t V = hp_.n_vocab;
@@ -257,10 +259,16 @@ ggml_tensor * Builder::selector(ggml_tensor * logits, ggml_tensor * hidden) {
     const int64_t V = logits->ne[0];
     const int64_t P = logits->ne[1];
 
-    ggml_tensor * cand = ggml_top_k(ctx0_, logits, static_cast<int>(k));  // I32 [k, P]
-    cb(cand, "sel_candidates", -1);
-    ggml_tensor * unary = ggml_reshape_2d(ctx0_, ggml_get_rows(ctx0_, ggml_reshape_3d(ctx0_, logits, 1, V, P), cand), k, P);
+    ggml_tensor * top = ggml_top_k(ctx0_, logits, static_cast<int>(k));  // I32 [k, P]: rows of logits
+    cb(top, "sel_top_rows", -1);
+    ggml_tensor * unary = ggml_reshape_2d(ctx0_, ggml_get_rows(ctx0_, ggml_reshape_3d(ctx0_, logits, 1, V, P), top), k, P);
     cb(unary, "sel_unary", -1);
+    ggml_tensor * cand = top;  // target token ids
+    if (m_.d2t_ids != nullptr) {
+        // the logits cover the draft vocabulary: its rows -> target ids
+        cand = ggml_reshape_2d(ctx0_, ggml_get_rows(ctx0_, m_.d2t_ids, ggml_reshape_1d(ctx0_, top, k * P)), k, P);
+    }
+    cb(cand, "sel_candidates", -1);
     ggml_tensor * h = ggml_mul_mat(ctx0_, m_.sel_hidden, hidden);  // [R, P]
     cb(h, "sel_hidden_proj", -1);
 

@@ -58,6 +58,10 @@ void DrafterModel::release() {
     if (buf_drafter_) ggml_backend_buffer_free(buf_drafter_);
     if (buf_target_) ggml_backend_buffer_free(buf_target_);
     if (buf_target_dev_) ggml_backend_buffer_free(buf_target_dev_);
+    if (buf_d2t_ids_) ggml_backend_buffer_free(buf_d2t_ids_);
+    if (ctx_d2t_ids_) ggml_free(ctx_d2t_ids_);
+    buf_d2t_ids_ = nullptr;
+    ctx_d2t_ids_ = nullptr;
     if (ctx_drafter_) ggml_free(ctx_drafter_);
     if (ctx_target_) ggml_free(ctx_target_);
     if (ctx_target_dev_) ggml_free(ctx_target_dev_);
@@ -154,6 +158,38 @@ void DrafterModel::load_drafter(const std::string & path) {
         L.ffn_conv_base = get(p + "ffn_conv_base");
         L.ffn_conv_proj = get(p + "ffn_conv_proj.weight");
     }
+    if (d2t != nullptr) {
+        make_d2t_ids();
+    }
+}
+
+// The selector ranks candidates among the draft rows and reads its tables by
+// target id: d2t maps one to the other in the graph (get_rows, which reads
+// I32). Its values are checked here: an id outside the vocabulary would make
+// ggml read out of bounds.
+void DrafterModel::make_d2t_ids() {
+    const int64_t n = d2t->ne[0];
+    std::vector<int64_t> ids64(static_cast<size_t>(n));
+    ggml_backend_tensor_get(d2t, ids64.data(), 0, ids64.size() * sizeof(int64_t));
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t id = ids64[static_cast<size_t>(i)];
+        if (id < 0 || id >= static_cast<int64_t>(hp_.n_vocab)) {
+            throw Error("tensor 'd2t' maps draft row " + std::to_string(i) + " to token " + std::to_string(id) +
+                        ", outside the vocabulary of " + std::to_string(hp_.n_vocab));
+        }
+        ids[static_cast<size_t>(i)] = static_cast<int32_t>(id);
+    }
+    const ggml_init_params ip = {ggml_tensor_overhead(), nullptr, /*no_alloc =*/true};
+    ctx_d2t_ids_ = ggml_init(ip);
+    d2t_ids = ggml_new_tensor_2d(ctx_d2t_ids_, GGML_TYPE_I32, 1, n);
+    ggml_set_name(d2t_ids, "d2t_ids");
+    buf_d2t_ids_ = ggml_backend_alloc_ctx_tensors_from_buft(ctx_d2t_ids_, ggml_backend_dev_buffer_type(dev_));
+    if (buf_d2t_ids_ == nullptr) {
+        throw Error("failed to allocate the draft vocabulary map on " + device_name_);
+    }
+    ggml_backend_buffer_set_usage(buf_d2t_ids_, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    ggml_backend_tensor_set(d2t_ids, ids.data(), 0, ids.size() * sizeof(int32_t));
 }
 
 void DrafterModel::load_target(const std::string & path) {

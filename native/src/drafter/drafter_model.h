@@ -55,6 +55,7 @@ class DrafterModel {
     ggml_tensor * tok_embd = nullptr;  // drafter's own, else the target's
     ggml_tensor * output = nullptr;    // drafter's own, else the target's (tied: token_embd)
     ggml_tensor * d2t = nullptr;
+    ggml_tensor * d2t_ids = nullptr;  // d2t as I32 [1, V_draft] (get_rows reads I32): draft row -> target id
     ggml_tensor * sel_hidden = nullptr;
     ggml_tensor * sel_pred = nullptr;
     ggml_tensor * sel_succ = nullptr;
@@ -67,13 +68,16 @@ class DrafterModel {
     bool device_is_cpu() const { return backend_ == backend_cpu_; }
     int n_threads() const { return n_threads_; }
     // the contexts holding every weight tensor (drafter, target host, target device)
-    std::vector<ggml_context *> weight_contexts() const { return {ctx_drafter_, ctx_target_, ctx_target_dev_}; }
+    std::vector<ggml_context *> weight_contexts() const {
+        return {ctx_drafter_, ctx_target_, ctx_target_dev_, ctx_d2t_ids_};
+    }
     bool target_head_mapped() const { return target_mapped_; }  // some target tensors wrap the mmap in place
 
   private:
     void init_backends(const ModelOptions & opts);
     void load_drafter(const std::string & path);
     void load_target(const std::string & path);
+    void make_d2t_ids();
     void release();
 
     DrafterHParams hp_;
@@ -89,6 +93,8 @@ class DrafterModel {
     ggml_backend_buffer_t buf_target_ = nullptr;      // host tensors wrapping the mapping
     ggml_context * ctx_target_dev_ = nullptr;
     ggml_backend_buffer_t buf_target_dev_ = nullptr;  // tensors copied to the device
+    ggml_context * ctx_d2t_ids_ = nullptr;
+    ggml_backend_buffer_t buf_d2t_ids_ = nullptr;
     void * map_addr_ = nullptr;
     size_t map_size_ = 0;
     bool target_mapped_ = false;
