@@ -6,7 +6,7 @@ from ._native import NativeError
 from .drafter import Drafter, DrafterError, Proposal, Walk
 from .info import DrafterFileError, inspect_drafter, native_info
 from .modelfile import ModelfileError, modelfile
-from .speculator import Completion, GenerationError, Speculator
+from .speculator import Completion, GenerationError, Speculator, load_target, with_lazy_head
 
 __version__ = "0.1.0"
 
@@ -24,5 +24,7 @@ __all__ = [
     "inspect_drafter",
     "modelfile",
     "native_info",
+    "load_target",
+    "with_lazy_head",
     "__version__",
 ]
