@@ -335,7 +335,10 @@ std::string SpecEngine::stats_json() const {
     w.field("step_other_s", std::max(0.0, stats_.step_s - (in_phases - in_begin_s_)));
     w.end_object();
     // rows whose LM head ran lazily (0 without the lazy head: every verify row's logits were computed)
-    w.field("lazy_head", lazy_head_);
+    w.field("lazy_head", lazy_head_ && target_.lazy_head_error().empty());
+    if (!target_.lazy_head_error().empty()) {
+        w.field("lazy_head_error", target_.lazy_head_error());
+    }
     w.field("lazy_head_rows", target_.lazy_head_rows() - head_rows0_);
     w.field("drafter_graph_builds",
             static_cast<int64_t>(drafter_ != nullptr ? drafter_->n_graph_builds() - graph_builds0_ : 0));

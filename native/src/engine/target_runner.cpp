@@ -85,6 +85,35 @@ void TargetRunner::claim() {
 void TargetRunner::set_head_capture(CallbackCapture * capture) {
     head_capture_ = capture;
     head_.reset();
+    head_error_.clear();
+}
+
+// Builds the head's graph before the first cut, so that a head this build cannot
+// run (a device without that matmul, an unexpected shape) leaves llama.cpp to
+// compute the logits as usual instead of failing a verify.
+bool TargetRunner::lazy_head_ready() {
+    if (head_capture_ == nullptr || !head_error_.empty()) {
+        return false;
+    }
+    const ggml_tensor * w = head_capture_->head_weight();
+    if (w == nullptr) {
+        return false;  // not learned yet (no full decode seen), or not a plain mul_mat
+    }
+    if (head_ && head_->weight() == w) {
+        return true;
+    }
+    head_.reset();
+    if (w->ne[0] != n_embd_ || w->ne[1] != n_vocab_) {
+        head_error_ = "the head weight is not [n_embd, n_vocab]";
+        return false;
+    }
+    try {
+        head_ = std::make_unique<LazyHead>(w, llama_n_threads(ctx_));
+    } catch (const Error & e) {
+        head_error_ = e.what();
+        return false;
+    }
+    return true;
 }
 
 void TargetRunner::decode(const llama_token * tokens, int32_t n, int32_t pos0, bool all_logits, bool generation,
@@ -113,7 +142,7 @@ void TargetRunner::decode(const llama_token * tokens, int32_t n, int32_t pos0, b
     }
     // cut before the head only when every row outputs (result_norm then holds them all)
     // and a full decode already showed that the head is one mul_mat
-    const bool cut = lazy_head && all_logits && head_capture_ != nullptr && head_capture_->head_weight() != nullptr;
+    const bool cut = lazy_head && all_logits && lazy_head_ready();
     if (cut) {
         head_capture_->cut_head(n_embd_, n);
     }
@@ -141,14 +170,6 @@ void TargetRunner::decode(const llama_token * tokens, int32_t n, int32_t pos0, b
     last_all_logits_ = all_logits;
     last_lazy_ = was_cut;
     if (was_cut) {
-        const ggml_tensor * w = head_capture_->head_weight();
-        if (!head_ || head_->weight() != w) {
-            head_ = std::make_unique<LazyHead>(w, llama_n_threads(ctx_));
-        }
-        if (head_->n_vocab() != n_vocab_) {
-            throw Error("lazy head: the head has " + std::to_string(head_->n_vocab()) + " rows, the vocabulary " +
-                        std::to_string(n_vocab_));
-        }
         lazy_logits_.resize(static_cast<size_t>(n) * static_cast<size_t>(n_vocab_));
         lazy_done_.assign(static_cast<size_t>(n), 0);
     }

@@ -54,7 +54,8 @@ class TargetRunner {
     // The capture whose evaluation callback the context was created with, for the lazy
     // head (it may also be the feature capture). Null turns the lazy head off.
     void set_head_capture(CallbackCapture * capture);
-    bool lazy_head_available() const { return head_capture_ != nullptr; }
+    // Why the lazy head cannot run here ("" while it can, or has not been tried).
+    const std::string & lazy_head_error() const { return head_error_; }
     // Rows whose head ran lazily, and the seconds it took, since creation.
     int64_t lazy_head_rows() const { return lazy_rows_total_; }
     double lazy_head_seconds() const { return lazy_seconds_; }
@@ -97,8 +98,11 @@ class TargetRunner {
     int32_t last_n_ = 0;
     bool last_all_logits_ = false;
 
+    bool lazy_head_ready();
+
     CallbackCapture * head_capture_ = nullptr;
     std::unique_ptr<LazyHead> head_;
+    std::string head_error_;
     bool last_lazy_ = false;                 // the last decode stopped before the head
     std::vector<float> lazy_logits_;         // last_n_ x n_vocab_, row j valid once lazy_done_[j]
     std::vector<uint8_t> lazy_done_;
