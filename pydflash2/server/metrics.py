@@ -26,6 +26,8 @@ _ENGINE_COUNTERS = {
 _PHASES = {
     "n_steps": ("num_steps", "Target decodes (engine steps and prompt chunks)"),
     "n_rows": ("num_rows", "Target rows decoded (verify rows and prompt rows)"),
+    "lazy_head_rows": ("num_lazy_head_rows", "Verify rows whose LM head ran after the verify reached them "
+                                             "(the rest of a rejected block skips its head)"),
     "inject_s": ("inject_seconds", "Seconds in feature copies and drafter inject graphs"),
     "propose_s": ("propose_seconds", "Seconds in drafter propose graphs (with the lattice read-back)"),
     "walk_s": ("walk_seconds", "Seconds walking the drafter's proposals into drafts"),

@@ -78,7 +78,8 @@ std::vector<int32_t> feature_layers(const std::vector<Drafter *> & drafters, int
 
 BatchEngine::BatchEngine(llama_model * model, const std::vector<Drafter *> & drafters, const BatchEngineOptions & opts)
     : opts_(opts),
-      ctx_(make_context(model, opts, capture_for(model, feature_layers(drafters, opts.n_max)))),
+      // the callback serves the lazy LM head whenever slots draft, and the features on the callback path
+      ctx_(make_context(model, opts, opts.n_max != 0 ? &capture_ : nullptr)),
       target_(ctx_.get(), feature_layers(drafters, opts.n_max), capture_for(model, feature_layers(drafters, opts.n_max))) {
     if (opts.n_max < -1) {
         throw Error("n_max must be >= 0, or -1 for adaptive");
@@ -113,6 +114,7 @@ BatchEngine::BatchEngine(llama_model * model, const std::vector<Drafter *> & dra
             max_draft_ = std::min(max_draft_, opts.n_max);
         }
         feed_drafters_ = true;
+        target_.set_head_capture(&capture_);
     }
     shared_policy_ = DraftLengthPolicy(max_draft_);
     for (Slot & s : slots_) {
@@ -338,7 +340,7 @@ void BatchEngine::add_row(llama_token token, int32_t pos, int seq, bool logits) 
     batch_.n_tokens = i + 1;
 }
 
-void BatchEngine::decode_batch(bool prefill) {
+void BatchEngine::decode_batch(bool prefill, bool lazy_head) {
     // On the callback path the capture copies the batch's rows of every feature
     // layer. A batch is one ubatch (at most n_ubatch rows; one sequence, or equal
     // rows per sequence in slot order), so the graph's rows are the batch's rows in
@@ -347,6 +349,8 @@ void BatchEngine::decode_batch(bool prefill) {
     if (capturing) {
         capture_.arm(target_.feature_layers(), target_.n_embd(), batch_.n_tokens);
     }
+    // verify rows of drafting slots: the head runs later, for the rows each verify reaches
+    const bool cut = lazy_head && target_.arm_lazy_head(batch_.n_tokens);
     const auto t0 = Clock::now();
     const int32_t rc = llama_decode(ctx_.get(), batch_);
     const double dt = seconds_since(t0);
@@ -355,6 +359,7 @@ void BatchEngine::decode_batch(bool prefill) {
     if (capturing) {
         capture_.disarm();
     }
+    target_.end_lazy_head(cut, batch_.n_tokens);
     if (rc != 0) {
         throw Error("target llama_decode failed (code " + std::to_string(rc) + ") on a batch of " +
                     std::to_string(batch_.n_tokens) + " rows");
@@ -440,7 +445,7 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
                 add_row(s.drafts[j], s.pos + 1 + static_cast<int32_t>(j), i, true);
             }
         }
-        decode_batch(false);
+        decode_batch(false, /*lazy_head =*/n_rows > 1);  // plain rows (one per slot) all need their head
         rows += batch_.n_tokens;
         for (const int i : members) {
             finish_decode(i, slots_[static_cast<size_t>(i)], counts, tokens);
@@ -479,21 +484,28 @@ void BatchEngine::finish_decode(int idx, Slot & s, std::vector<int32_t> & counts
     const auto t0 = Clock::now();
     const size_t width = static_cast<size_t>(max_draft_) + 1;
     const int n = static_cast<int>(s.drafts.size());
-    std::vector<const float *> rows(static_cast<size_t>(n) + 1);
-    for (int j = 0; j <= n; ++j) {
-        rows[static_cast<size_t>(j)] = llama_get_logits_ith(ctx_.get(), s.row0 + j);
-        if (rows[static_cast<size_t>(j)] == nullptr) {
+    const double head_s0 = target_.lazy_head_seconds();
+    const LogitRows row = [this, &s](int j) {
+        if (target_.last_decode_lazy()) {
+            return target_.lazy_logits(s.row0 + j);  // the head runs now, for this row only
+        }
+        const float * r = llama_get_logits_ith(ctx_.get(), s.row0 + j);
+        if (r == nullptr) {
             throw Error("target produced no logits for batch row " + std::to_string(s.row0 + j));
         }
-    }
-    const LogitRows row = [&rows](int j) { return rows[static_cast<size_t>(j)]; };
+        return r;
+    };
     const VerifyResult v = s.sampler->params().greedy() ? verify_greedy(s.drafts, row, target_.n_vocab())
                                                          : verify_stochastic(s.drafts, s.q, row, *s.sampler);
     const int k = v.n_accepted;
     if (n > 0) {
         llama_memory_seq_rm(llama_get_memory(ctx_.get()), idx, s.pos + k + 1, -1);  // rejected drafts
     }
-    stats_.verify_logic_s += seconds_since(t0);
+    // the lazy head is the target's forward finished row by row: it counts as verify decode
+    const double head_s = target_.lazy_head_seconds() - head_s0;
+    stats_.verify_decode_s += head_s;
+    stats_.decode_s += head_s;
+    stats_.verify_logic_s += seconds_since(t0) - head_s;
     queue_rows(s, s.row0, k + 1, s.pos);  // anchor + accepted drafts are committed
     s.history.push_back(s.anchor);
     s.history.insert(s.history.end(), s.drafts.begin(), s.drafts.begin() + k);
@@ -596,6 +608,7 @@ std::string BatchEngine::stats_json() const {
     w.field("max_draft", max_draft_);
     w.field("n_steps", stats_.n_steps);
     w.field("n_rows", stats_.n_rows);
+    w.field("lazy_head_rows", target_.lazy_head_rows());  // verify rows whose LM head ran (lazily)
     w.field("n_prompt", stats_.n_prompt);
     w.field("n_prompt_reused", stats_.n_prompt_reused);
     w.field("n_generated", stats_.n_generated);

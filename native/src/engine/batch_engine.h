@@ -129,7 +129,7 @@ class BatchEngine {
     int32_t reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt);
     void flush_rows(Slot & s);
     void add_row(llama_token token, int32_t pos, int seq, bool logits);
-    void decode_batch(bool prefill);  // prefill: a prompt chunk (else verify rows)
+    void decode_batch(bool prefill, bool lazy_head = false);  // prefill: a prompt chunk (else verify rows)
     void finish_decode(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     void finish_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     Slot & slot_at(int slot);

@@ -141,11 +141,7 @@ void TargetRunner::decode(const llama_token * tokens, int32_t n, int32_t pos0, b
         capture_->arm(layers_, n_embd_, n);
     }
     // cut before the head only when every row outputs (result_norm then holds them all)
-    // and a full decode already showed that the head is one mul_mat
-    const bool cut = lazy_head && all_logits && lazy_head_ready();
-    if (cut) {
-        head_capture_->cut_head(n_embd_, n);
-    }
+    const bool cut = lazy_head && all_logits && arm_lazy_head(n);
     const int32_t nt = llama_n_threads(ctx_);
     const int32_t ntb = llama_n_threads_batch(ctx_);
     const bool swap_threads = generation && n > 1 && nt != ntb;
@@ -159,7 +155,7 @@ void TargetRunner::decode(const llama_token * tokens, int32_t n, int32_t pos0, b
     if (capturing) {
         capture_->disarm();
     }
-    const bool was_cut = cut && head_capture_->end_cut();
+    end_lazy_head(cut, n);
     if (rc != 0) {
         throw Error("target llama_decode failed (code " + std::to_string(rc) + ")");
     }
@@ -168,27 +164,44 @@ void TargetRunner::decode(const llama_token * tokens, int32_t n, int32_t pos0, b
     }
     last_n_ = n;
     last_all_logits_ = all_logits;
-    last_lazy_ = was_cut;
-    if (was_cut) {
+}
+
+bool TargetRunner::arm_lazy_head(int32_t n) {
+    // a full decode must have shown that the head is one mul_mat (lazy_head_ready)
+    const bool ok = lazy_head_ready();
+    if (ok) {
+        head_capture_->cut_head(n_embd_, n);
+    }
+    return ok;
+}
+
+void TargetRunner::end_lazy_head(bool armed, int32_t n) {
+    last_lazy_ = armed && head_capture_->end_cut();
+    if (last_lazy_) {
+        lazy_n_ = n;
         lazy_logits_.resize(static_cast<size_t>(n) * static_cast<size_t>(n_vocab_));
         lazy_done_.assign(static_cast<size_t>(n), 0);
     }
 }
 
+const float * TargetRunner::lazy_logits(int32_t row) {
+    if (!last_lazy_ || row < 0 || row >= lazy_n_) {
+        throw Error("target produced no logits for row " + std::to_string(row));
+    }
+    float * out = lazy_logits_.data() + static_cast<size_t>(row) * static_cast<size_t>(n_vocab_);
+    if (!lazy_done_[static_cast<size_t>(row)]) {
+        const auto t0 = std::chrono::steady_clock::now();
+        head_->logits(head_capture_->hidden() + static_cast<size_t>(row) * static_cast<size_t>(n_embd_), out);
+        lazy_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        lazy_done_[static_cast<size_t>(row)] = 1;
+        lazy_rows_total_ += 1;
+    }
+    return out;
+}
+
 const float * TargetRunner::logits(int32_t row) {
     if (last_lazy_) {
-        if (row < 0 || row >= last_n_) {
-            throw Error("target produced no logits for row " + std::to_string(row));
-        }
-        float * out = lazy_logits_.data() + static_cast<size_t>(row) * static_cast<size_t>(n_vocab_);
-        if (!lazy_done_[static_cast<size_t>(row)]) {
-            const auto t0 = std::chrono::steady_clock::now();
-            head_->logits(head_capture_->hidden() + static_cast<size_t>(row) * static_cast<size_t>(n_embd_), out);
-            lazy_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            lazy_done_[static_cast<size_t>(row)] = 1;
-            lazy_rows_total_ += 1;
-        }
-        return out;
+        return lazy_logits(row);
     }
     const float * out = llama_get_logits_ith(ctx_, last_all_logits_ ? row : -1);
     if (out == nullptr) {

@@ -54,6 +54,14 @@ class TargetRunner {
     // The capture whose evaluation callback the context was created with, for the lazy
     // head (it may also be the feature capture). Null turns the lazy head off.
     void set_head_capture(CallbackCapture * capture);
+    // For an engine that calls llama_decode itself (the batch engine): arm the cut before
+    // a decode of n rows that all output logits (false: the lazy head cannot run, decode
+    // as usual), and note after it whether the graph was cut; lazy_logits(row) then.
+    bool arm_lazy_head(int32_t n);
+    void end_lazy_head(bool armed, int32_t n);
+    bool last_decode_lazy() const { return last_lazy_; }
+    const float * lazy_logits(int32_t row);
+
     // Why the lazy head cannot run here ("" while it can, or has not been tried).
     const std::string & lazy_head_error() const { return head_error_; }
     // Rows whose head ran lazily, and the seconds it took, since creation.
@@ -104,6 +112,7 @@ class TargetRunner {
     std::unique_ptr<LazyHead> head_;
     std::string head_error_;
     bool last_lazy_ = false;                 // the last decode stopped before the head
+    int32_t lazy_n_ = 0;                     // its rows
     std::vector<float> lazy_logits_;         // last_n_ x n_vocab_, row j valid once lazy_done_[j]
     std::vector<uint8_t> lazy_done_;
     int64_t lazy_rows_total_ = 0;
