@@ -120,6 +120,11 @@ class Drafter:
         self.feature_width: int = int(lib.pdf2_drafter_feature_width(self._h))
         self._last_n = 0
 
+    def set_max_graphs(self, n: int) -> None:
+        """Keep at most n graph shapes allocated (default 24, about 1 MB of host memory
+        each for SmolLM2's drafter; the least recently used is rebuilt when needed again)."""
+        _check(lib.pdf2_drafter_set_max_graphs(self._h, int(n)), "set_max_graphs")
+
     # ---------------------------------------------------------------- state
     @property
     def info(self) -> dict[str, Any]:

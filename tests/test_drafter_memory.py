@@ -67,3 +67,32 @@ def test_drafters_sharing_weights_have_their_own_caches(target_gguf, drafter2_gg
     b.close()
     with pytest.raises(DrafterError, match="closed"):
         Drafter.sharing_weights(b)
+
+
+def test_graph_shapes_stay_bounded(target_gguf, drafter2_gguf) -> None:
+    """Injects of any length reuse a few inject graphs (64 rows and powers of two), and a
+    drafter keeps at most set_max_graphs shapes allocated: a server's memory does not grow
+    with the lengths its requests happen to have."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    with Drafter(drafter2_gguf, target_gguf, n_ctx=4096, device="CPU") as d:
+        pos = 0
+        for n in range(1, 80):  # 79 different lengths
+            feats = rng.standard_normal((n, d.feature_width)).astype(np.float32)
+            d.inject(feats, np.arange(pos, pos + n))
+            pos += n
+        # 64, 32, 16, 8, 4, 2, 1 rows: seven shapes
+        assert d.info["graph_slots"] == 7
+        d.set_max_graphs(3)
+        assert d.info["graph_slots"] == 3
+        for n in range(2, d.block_size + 1):
+            d.propose(anchor=5, pos=pos, n=n)
+        assert d.info["graph_slots"] == 3
+        ref = d.propose(anchor=5, pos=pos, n=d.block_size).candidates.copy()
+        d.propose(anchor=5, pos=pos, n=2)
+        d.propose(anchor=5, pos=pos, n=3)
+        d.propose(anchor=5, pos=pos, n=4)  # the block-size graph was evicted: rebuilt, same answer
+        np.testing.assert_array_equal(d.propose(anchor=5, pos=pos, n=d.block_size).candidates, ref)
+        with pytest.raises(DrafterError, match="at least one graph|>= 1"):
+            d.set_max_graphs(0)

@@ -74,6 +74,10 @@ void pdf2_drafter_free(pdf2_drafter * d);
 /* JSON: the drafter's hyperparameters / runtime info (device, cache...). */
 char * pdf2_drafter_hparams_json(const pdf2_drafter * d);
 char * pdf2_drafter_info_json(const pdf2_drafter * d);
+/* At most n graph shapes keep their allocation (default 24; about 1 MB of host
+ * memory each for SmolLM2's drafter): fewer for many drafters (a server slot
+ * each), more rebuilds when a loop's steps alternate more shapes. 0 / -1. */
+int pdf2_drafter_set_max_graphs(pdf2_drafter * d, int32_t n);
 
 int32_t pdf2_drafter_n_cached(const pdf2_drafter * d);
 /* Position of the last cached row, -1 when empty. */

@@ -43,6 +43,9 @@ def _check(rc: int, what: str) -> int:
     return rc
 
 
+SLOT_DRAFTER_GRAPHS = 4  # graph shapes each slot's drafter keeps allocated (Drafter.set_max_graphs)
+
+
 class BatchEngine:
     """n_slots concurrent requests over one target context.
 
@@ -92,6 +95,10 @@ class BatchEngine:
             first = Drafter(draft, self.model_path, n_ctx=self.n_ctx, n_threads=threads, device=device)
             self.drafters = [first] + [Drafter.sharing_weights(first, n_ctx=self.n_ctx)
                                        for _ in range(self.n_slots - 1)]
+            for d in self.drafters:
+                # a drafter per slot: each keeps few graph shapes, so that the server's memory does
+                # not grow with the shapes its requests happen to meet (a rebuild costs ~1 ms)
+                d.set_max_graphs(SLOT_DRAFTER_GRAPHS)
         model_addr = ctypes.cast(self.llm._model.model, ctypes.c_void_p).value
         handles = ffi.new("pdf2_drafter *[]", [d._h for d in self.drafters] or [ffi.NULL])
         handle = lib.pdf2_batch_engine_new(

@@ -12,7 +12,9 @@
 namespace pdf2 {
 
 namespace {
-constexpr int INJECT_CHUNK = 64;  // inject graphs exist for 1..64 rows; longer injects are chunked
+// inject graphs exist for 64 rows and powers of two below: any count is a few of them, so
+// that injects of arbitrary lengths (prompts, rows queued while not drafting) add no new shapes
+constexpr int INJECT_CHUNK = 64;
 }
 
 Drafter::Drafter(const std::string & drafter_path, const std::string & target_path, const DrafterOptions & opts) {
@@ -50,6 +52,23 @@ Drafter::~Drafter() {
     for (GraphSlot & s : slots_) s.sched.reset();  // before the graphs they may hold
     slots_.clear();
     stale_graphs_.clear();
+}
+
+void Drafter::set_max_graph_slots(size_t n) {
+    if (n < 1) {
+        throw Error("a drafter keeps at least one graph");
+    }
+    if (reuse_split_graphs_) {
+        return;  // the test hook runs with one slot
+    }
+    max_slots_ = n;
+    slots_.reserve(max_slots_);  // slot_for hands out references: no reallocation later
+    while (slots_.size() > max_slots_) {  // the least recently used go first
+        auto lru = std::min_element(slots_.begin(), slots_.end(),
+                                    [](const GraphSlot & a, const GraphSlot & b) { return a.last_use < b.last_use; });
+        lru->sched.reset();  // before the graph it holds
+        slots_.erase(lru);
+    }
 }
 
 Drafter::GraphSlot & Drafter::slot_for(const GraphKey & key) {
@@ -188,8 +207,8 @@ void Drafter::check_inject(const float * features, size_t width, const int32_t *
 void Drafter::inject(const float * features, size_t width, const int32_t * positions, int n) {
     check_inject(features, width, positions, n);
     const size_t want = static_cast<size_t>(feature_width());
-    for (int off = 0; off < n; off += INJECT_CHUNK) {
-        const int m = std::min(INJECT_CHUNK, n - off);
+    for (int off = 0, m = INJECT_CHUNK; off < n; off += m) {
+        while (m > n - off) m /= 2;
         DrafterGraph & g = graph_for({false, m, 0});
         std::vector<int64_t> rows(m);
         for (int i = 0; i < m; ++i) rows[i] = cache_->n_cached() + i;

@@ -58,11 +58,16 @@ class Drafter {
     void truncate(int32_t pos);
     const Proposal & propose(int32_t anchor, int32_t pos, int n);
     // inject(features, width, positions, m) and propose(anchor, pos, n) as ONE graph computation
-    // (m <= max_fused_inject(), else the rows are injected by a graph of their own first).
+    // (m <= max_fused_inject(), else the rows are injected by graphs of their own first). A
+    // step commits at most a block's rows; more come after a stretch without drafting.
     // Same numbers as the two calls: the injected rows go through the same ops.
     const Proposal & inject_and_propose(const float * features, size_t width, const int32_t * positions, int m,
                                         int32_t anchor, int32_t pos, int n);
-    static constexpr int max_fused_inject() { return 64; }
+    int max_fused_inject() const { return static_cast<int>(hparams().block_size); }
+    // At most this many graph shapes keep their allocation (least recently used evicted):
+    // each costs about 1 MB of host memory for SmolLM2's drafter. A server with a drafter
+    // per slot keeps few; a single generation loop keeps the shapes its steps alternate.
+    void set_max_graph_slots(size_t n);
     const Proposal & last() const { return last_; }
     // walks the last proposal; top_k applies to DFlash1 only (DFlash2 uses selector_top_k)
     WalkResult walk(WalkMode mode, float temperature, uint64_t seed, int top_k) const;

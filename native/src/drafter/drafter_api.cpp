@@ -56,6 +56,19 @@ extern "C" char * pdf2_drafter_hparams_json(const pdf2_drafter * d) {
     return pdf2::guarded<char *>(nullptr, [&] { return pdf2::dup_string(pdf2::hparams_to_json(get(d).hparams())); });
 }
 
+extern "C" int pdf2_drafter_set_max_graphs(pdf2_drafter * d, int32_t n) {
+    return pdf2::guarded<int>(-1, [&] {
+        if (d == nullptr) {
+            throw pdf2::Error("drafter is NULL");
+        }
+        if (n < 1) {
+            throw pdf2::Error("max graphs must be >= 1, got " + std::to_string(n));
+        }
+        d->impl->set_max_graph_slots(static_cast<size_t>(n));
+        return 0;
+    });
+}
+
 extern "C" char * pdf2_drafter_info_json(const pdf2_drafter * d) {
     return pdf2::guarded<char *>(nullptr, [&] { return pdf2::dup_string(get(d).info_json()); });
 }
