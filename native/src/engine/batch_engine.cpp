@@ -127,6 +127,17 @@ BatchEngine::BatchEngine(llama_model * model, const std::vector<Drafter *> & dra
     }
     batch_ = llama_batch_init(batch_cap_, 0, 1);
     stats_.accepted_per_pos.assign(static_cast<size_t>(max_draft_), 0);
+    if (feed_drafters_) {
+        // feature rows are copied at every step and prompt chunk: buffers of their largest size
+        // from the start (address space only until used), so that requests of varying lengths
+        // do not reallocate multi-MB vectors and fragment the heap (a soak's RSS crept up)
+        const size_t width = static_cast<size_t>(target_.feature_width());
+        feat_.reserve(static_cast<size_t>(batch_cap_) * width);
+        for (Slot & s : slots_) {
+            s.queued_features.reserve(static_cast<size_t>(batch_cap_ + max_draft_ + 1) * width);
+            s.queued_positions.reserve(static_cast<size_t>(batch_cap_ + max_draft_ + 1));
+        }
+    }
 }
 
 BatchEngine::~BatchEngine() { llama_batch_free(batch_); }

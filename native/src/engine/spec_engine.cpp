@@ -38,6 +38,11 @@ SpecEngine::SpecEngine(llama_context * target, Drafter * drafter, const EngineOp
             max_draft_ = std::min(max_draft_, opts.n_max);
         }
         feed_drafter_ = true;
+        // feature buffers at their largest from the start: no multi-MB reallocations per request
+        // (they fragment the heap of a long-running process; see BatchEngine)
+        const size_t width = static_cast<size_t>(target_.feature_width());
+        feat_.reserve(static_cast<size_t>(target_.n_batch()) * width);
+        queued_features_.reserve(static_cast<size_t>(target_.n_batch() + max_draft_ + 1) * width);
     } else if (opts.n_max != 0) {
         throw Error("speculative decoding needs a drafter (or n_max = 0 for plain decoding)");
     }
