@@ -114,6 +114,18 @@ const char * device_type_name(enum ggml_backend_dev_type t) {
     }
 }
 
+void set_cpu_threads(ggml_backend_t backend, int n_threads) {
+    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
+    if (dev == nullptr || ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU || n_threads <= 0) {
+        return;
+    }
+    auto set_threads = reinterpret_cast<ggml_backend_set_n_threads_t>(
+        ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(dev), "ggml_backend_set_n_threads"));
+    if (set_threads) {
+        set_threads(backend, n_threads);
+    }
+}
+
 std::string device_list() {
     std::string out;
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {

@@ -18,6 +18,10 @@ ggml_backend_dev_t find_device(const std::string & name);
 // "cpu", "gpu", "igpu", "accel" or "other": how native_info() and error messages name a device type
 const char * device_type_name(enum ggml_backend_dev_type t);
 
+// Sets the thread count of a CPU backend (through its registry: ggml-cpu's
+// setter is not linked directly); a no-op for other backends.
+void set_cpu_threads(ggml_backend_t backend, int n_threads);
+
 // "CPU, RPC0 (gpu), ..." for error messages
 std::string device_list();
 

@@ -58,13 +58,10 @@ extern "C" char * pdf2_drafter_hparams_json(const pdf2_drafter * d) {
 
 extern "C" int pdf2_drafter_set_max_graphs(pdf2_drafter * d, int32_t n) {
     return pdf2::guarded<int>(-1, [&] {
-        if (d == nullptr) {
-            throw pdf2::Error("drafter is NULL");
-        }
-        if (n < 1) {
+        if (n < 1) {  // before the conversion to size_t would wrap a negative count
             throw pdf2::Error("max graphs must be >= 1, got " + std::to_string(n));
         }
-        d->impl->set_max_graph_slots(static_cast<size_t>(n));
+        get(d).set_max_graph_slots(static_cast<size_t>(n));
         return 0;
     });
 }

@@ -88,12 +88,7 @@ void DrafterModel::init_backends(const ModelOptions & opts) {
         throw Error("failed to initialise device '" + device_name_ + "'");
     }
     n_threads_ = opts.n_threads > 0 ? opts.n_threads : std::max(1u, std::thread::hardware_concurrency());
-    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(cpu);
-    auto set_threads = reinterpret_cast<ggml_backend_set_n_threads_t>(
-        ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads"));
-    if (set_threads) {
-        set_threads(backend_cpu_, n_threads_);
-    }
+    set_cpu_threads(backend_cpu_, n_threads_);
 }
 
 void DrafterModel::load_drafter(const std::string & path) {

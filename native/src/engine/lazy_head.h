@@ -38,6 +38,9 @@ class LazyHead {
     void logits(const float * hidden, float * out);
 
   private:
+    void build(int32_t n_threads);
+    void release();
+
     const ggml_tensor * weight_;
     int64_t n_embd_, n_vocab_;
     ggml_backend_t backend_ = nullptr;
