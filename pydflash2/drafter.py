@@ -125,6 +125,13 @@ class Drafter:
         each for SmolLM2's drafter; the least recently used is rebuilt when needed again)."""
         _check(lib.pdf2_drafter_set_max_graphs(self._h, int(n)), "set_max_graphs")
 
+    def reserve_graphs(self) -> None:
+        """Allocate all of set_max_graphs' slots now, each sized for the largest shapes
+        (a full block over the whole cache, a 64-row inject) with its host pages written
+        once: memory then stays flat while the drafter serves (the server calls this at
+        startup; otherwise slots and buffers grow as shapes come)."""
+        _check(lib.pdf2_drafter_reserve_graphs(self._h), "reserve_graphs")
+
     # ---------------------------------------------------------------- state
     @property
     def info(self) -> dict[str, Any]:

@@ -96,3 +96,33 @@ def test_graph_shapes_stay_bounded(target_gguf, drafter2_gguf) -> None:
         np.testing.assert_array_equal(d.propose(anchor=5, pos=pos, n=d.block_size).candidates, ref)
         with pytest.raises(DrafterError, match="at least one graph|>= 1"):
             d.set_max_graphs(0)
+
+
+def test_reserved_graph_slots_do_not_grow(target_gguf, drafter2_gguf) -> None:
+    """reserve_graphs (the server's drafters, at startup) creates every graph slot with its
+    buffers at the largest shapes: inject and propose of any length and context afterwards
+    add no slot and no buffer byte, and propose the same as a drafter that grew lazily."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    with (Drafter(drafter2_gguf, target_gguf, n_ctx=1024, n_threads=1, device="CPU") as d,
+          Drafter(drafter2_gguf, target_gguf, n_ctx=1024, n_threads=1, device="CPU") as lazy):
+        d.set_max_graphs(3)
+        lazy.set_max_graphs(3)
+        assert d.info["graph_slots"] == 0
+        d.reserve_graphs()
+        reserved = d.info
+        assert reserved["graph_slots"] == 3 and reserved["compute_buffer_bytes"] > 0
+        pos = 0
+        for n in [1, 70, 5, 300, 2, 600]:  # contexts up to the cache's end, every block length
+            feats = rng.standard_normal((n, d.feature_width)).astype(np.float32)
+            d.inject(feats, np.arange(pos, pos + n))
+            lazy.inject(feats, np.arange(pos, pos + n))
+            pos += n
+            for b in range(2, d.block_size + 1):
+                got, want = d.propose(anchor=9, pos=pos, n=b), lazy.propose(anchor=9, pos=pos, n=b)
+                np.testing.assert_array_equal(got.candidates, want.candidates)
+        # the lazy drafter's buffers grew to the shapes it met; the reserved ones did not move
+        assert d.info["graph_slots"] == 3
+        assert d.info["compute_buffer_bytes"] == reserved["compute_buffer_bytes"]
+        assert lazy.info["compute_buffer_bytes"] <= reserved["compute_buffer_bytes"]

@@ -78,6 +78,10 @@ char * pdf2_drafter_info_json(const pdf2_drafter * d);
  * memory each for SmolLM2's drafter): fewer for many drafters (a server slot
  * each), more rebuilds when a loop's steps alternate more shapes. 0 / -1. */
 int pdf2_drafter_set_max_graphs(pdf2_drafter * d, int32_t n);
+/* Allocates all of those graph slots now, sized for the largest shapes and
+ * with their host pages written once, so that memory stays flat while serving
+ * (a server calls it at startup). 0 / -1. */
+int pdf2_drafter_reserve_graphs(pdf2_drafter * d);
 
 int32_t pdf2_drafter_n_cached(const pdf2_drafter * d);
 /* Position of the last cached row, -1 when empty. */

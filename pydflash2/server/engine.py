@@ -99,6 +99,7 @@ class BatchEngine:
                 # a drafter per slot: each keeps few graph shapes, so that the server's memory does
                 # not grow with the shapes its requests happen to meet (a rebuild costs ~1 ms)
                 d.set_max_graphs(SLOT_DRAFTER_GRAPHS)
+                d.reserve_graphs()  # all memory at startup: it stays flat while serving
         model_addr = ctypes.cast(self.llm._model.model, ctypes.c_void_p).value
         handles = ffi.new("pdf2_drafter *[]", [d._h for d in self.drafters] or [ffi.NULL])
         handle = lib.pdf2_batch_engine_new(

@@ -67,6 +67,7 @@ void Drafter::set_max_graph_slots(size_t n) {
         auto lru = std::min_element(slots_.begin(), slots_.end(),
                                     [](const GraphSlot & a, const GraphSlot & b) { return a.last_use < b.last_use; });
         lru->sched.reset();  // before the graph it holds
+        lru->graph.reset();  // before the memory it lives in
         slots_.erase(lru);
     }
 }
@@ -76,11 +77,8 @@ Drafter::GraphSlot & Drafter::slot_for(const GraphKey & key) {
         if (s.key == key) return s;
     }
     if (slots_.size() < max_slots_ && compute_buffer_bytes() < MAX_GRAPH_BYTES) {
-        GraphSlot s;
-        s.key = key;
-        s.sched = std::make_unique<DrafterSched>(model_->backend(), model_->backend_cpu(), drafter_graph_size(*model_),
-                                                 external_);
-        slots_.push_back(std::move(s));
+        slots_.push_back(new_slot());
+        slots_.back().key = key;
         return slots_.back();
     }
     // full: the least recently used shape gives up its scheduler
@@ -91,6 +89,43 @@ Drafter::GraphSlot & Drafter::slot_for(const GraphKey & key) {
     lru.graph.reset();
     lru.key = key;
     return lru;
+}
+
+Drafter::GraphSlot Drafter::new_slot() const {
+    GraphSlot s;
+    const size_t words = (drafter_graph_ctx_bytes(*model_) + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t);
+    s.graph_mem.reset(new std::max_align_t[words]);  // not written here: pages come as graphs use them
+    s.sched = std::make_unique<DrafterSched>(model_->backend(), model_->backend_cpu(), drafter_graph_size(*model_),
+                                             external_);
+    return s;
+}
+
+void Drafter::reserve_graph_slots() {
+    if (reuse_split_graphs_) {
+        return;  // the test hook runs with its one slot
+    }
+    const int block = static_cast<int>(hparams().block_size);
+    // the largest shapes: an inject chunk, and a full block over the whole cache that injects a block first
+    const GraphKey largest[] = {{false, INJECT_CHUNK, 0, 0}, {true, block, static_cast<int>(cache_->capacity()), block}};
+    for (size_t i = 0; i < max_slots_; ++i) {
+        if (i == slots_.size()) {
+            if (compute_buffer_bytes() >= MAX_GRAPH_BYTES) break;
+            slots_.push_back(new_slot());
+        }
+        GraphSlot & slot = slots_[i];
+        slot.sched->release();
+        slot.graph.reset();
+        slot.key = GraphKey();  // n = 0: no shape's key; last_use 0: taken first
+        slot.last_use = 0;
+        for (const GraphKey & key : largest) {
+            std::unique_ptr<DrafterGraph> g =
+                key.propose ? build_propose_graph(*model_, *cache_, key.n, key.n_kv, key.n_inject, slot.graph_mem.get())
+                            : build_inject_graph(*model_, *cache_, key.n, slot.graph_mem.get());
+            slot.sched->alloc(*g);
+            slot.sched->write_host_pages(*g);
+            slot.sched->release();
+        }
+    }
 }
 
 size_t Drafter::compute_buffer_bytes() const {
@@ -127,8 +162,10 @@ DrafterGraph & Drafter::graph_for(const GraphKey & key) {
         }
     }
     if (!slot.graph) {
-        slot.graph = key.propose ? build_propose_graph(*model_, *cache_, key.n, key.n_kv, key.n_inject)
-                                 : build_inject_graph(*model_, *cache_, key.n);
+        // the test hook keeps graphs past their slot's next build: they get memory of their own
+        void * mem = reuse_split_graphs_ ? nullptr : slot.graph_mem.get();
+        slot.graph = key.propose ? build_propose_graph(*model_, *cache_, key.n, key.n_kv, key.n_inject, mem)
+                                 : build_inject_graph(*model_, *cache_, key.n, mem);
         ++n_graph_builds_;
     }
     try {

@@ -11,6 +11,7 @@
 
 #include <ggml-backend.h>
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
@@ -68,6 +69,10 @@ class Drafter {
     // each costs about 1 MB of host memory for SmolLM2's drafter. A server with a drafter
     // per slot keeps few; a single generation loop keeps the shapes its steps alternate.
     void set_max_graph_slots(size_t n);
+    // Creates every graph slot now, each with its compute buffers sized for the largest shapes and
+    // their host pages written once: memory then stays flat while the drafter serves (a server
+    // slot's drafter would otherwise grow as rarer shapes and longer contexts come). Throws Error.
+    void reserve_graph_slots();
     const Proposal & last() const { return last_; }
     // walks the last proposal; top_k applies to DFlash1 only (DFlash2 uses selector_top_k)
     WalkResult walk(WalkMode mode, float temperature, uint64_t seed, int top_k) const;
@@ -105,6 +110,8 @@ class Drafter {
     // only while its scheduler holds it (drafter_sched.h). Least recently used shape evicted.
     struct GraphSlot {
         GraphKey key;
+        // the tensor metadata of this slot's graphs, one at a time (declared before graph: outlives it)
+        std::unique_ptr<std::max_align_t[]> graph_mem;
         std::unique_ptr<DrafterGraph> graph;  // null after a failed allocation
         std::unique_ptr<DrafterSched> sched;  // declared after graph: freed before the graph it holds
         uint64_t last_use = 0;
@@ -114,6 +121,7 @@ class Drafter {
     static constexpr size_t MAX_GRAPH_SLOTS = 24;
     static constexpr size_t MAX_GRAPH_BYTES = size_t{256} << 20;
     GraphSlot & slot_for(const GraphKey & key);
+    GraphSlot new_slot() const;  // a scheduler and graph memory, no graph
     size_t compute_buffer_bytes() const;
 
     std::shared_ptr<DrafterModel> model_;

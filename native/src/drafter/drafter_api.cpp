@@ -66,6 +66,13 @@ extern "C" int pdf2_drafter_set_max_graphs(pdf2_drafter * d, int32_t n) {
     });
 }
 
+extern "C" int pdf2_drafter_reserve_graphs(pdf2_drafter * d) {
+    return pdf2::guarded<int>(-1, [&] {
+        get(d).reserve_graph_slots();
+        return 0;
+    });
+}
+
 extern "C" char * pdf2_drafter_info_json(const pdf2_drafter * d) {
     return pdf2::guarded<char *>(nullptr, [&] { return pdf2::dup_string(get(d).info_json()); });
 }

@@ -22,21 +22,24 @@ size_t drafter_graph_size(const DrafterModel & model) {
     return 1024 + static_cast<size_t>(hp.n_layer) * (288 + 64 * taps);
 }
 
+size_t drafter_graph_ctx_bytes(const DrafterModel & model) {
+    const size_t n_nodes = drafter_graph_size(model);
+    return ggml_tensor_overhead() * n_nodes * 2 + ggml_graph_overhead_custom(n_nodes, false);
+}
+
 namespace {
 
 // Shared state and small helpers of one graph build.
 class Builder {
   public:
-    Builder(const DrafterModel & model, const DrafterCache & cache, DrafterGraph & g)
+    Builder(const DrafterModel & model, const DrafterCache & cache, DrafterGraph & g, void * mem)
         : m_(model), hp_(model.hparams()), cache_(cache), g_(g) {
-        const size_t n_nodes = drafter_graph_size(model);
-        ggml_init_params ip = {ggml_tensor_overhead() * n_nodes * 2 + ggml_graph_overhead_custom(n_nodes, false),
-                               nullptr, /*no_alloc =*/true};
+        ggml_init_params ip = {drafter_graph_ctx_bytes(model), mem, /*no_alloc =*/true};
         g.ctx = ggml_init(ip);
         if (g.ctx == nullptr) {
             throw Error("ggml_init failed for a drafter graph");
         }
-        g.gf = ggml_new_graph_custom(g.ctx, n_nodes, false);
+        g.gf = ggml_new_graph_custom(g.ctx, drafter_graph_size(model), false);
         ctx0_ = g.ctx;
         for (uint32_t il = 0; il < hp_.n_layer; ++il) {
             k_dst_.push_back(cache.k(il));
@@ -378,16 +381,17 @@ void Builder::build_propose(int n, int n_kv, int n_inject) {
 
 }  // namespace
 
-std::unique_ptr<DrafterGraph> build_inject_graph(const DrafterModel & model, const DrafterCache & cache, int n_rows) {
+std::unique_ptr<DrafterGraph> build_inject_graph(const DrafterModel & model, const DrafterCache & cache, int n_rows,
+                                                 void * mem) {
     auto g = std::make_unique<DrafterGraph>();
-    Builder(model, cache, *g).build_inject(n_rows);
+    Builder(model, cache, *g, mem).build_inject(n_rows);
     return g;
 }
 
 std::unique_ptr<DrafterGraph> build_propose_graph(const DrafterModel & model, const DrafterCache & cache, int n_tokens,
-                                                  int n_kv, int n_inject) {
+                                                  int n_kv, int n_inject, void * mem) {
     auto g = std::make_unique<DrafterGraph>();
-    Builder(model, cache, *g).build_propose(n_tokens, n_kv, n_inject);
+    Builder(model, cache, *g, mem).build_propose(n_tokens, n_kv, n_inject);
     return g;
 }
 

@@ -43,13 +43,20 @@ struct DrafterGraph {
     ~DrafterGraph();
 };
 
-std::unique_ptr<DrafterGraph> build_inject_graph(const DrafterModel & model, const DrafterCache & cache, int n_rows);
+// mem: null, or drafter_graph_ctx_bytes(model) bytes (16-byte aligned) that hold the graph's
+// tensor metadata, and must outlive it: a graph slot builds each of its shapes in the same
+// memory, so that rebuilding allocates nothing (the server rebuilds often; contexts freed and
+// taken again fragmented its heap)
+std::unique_ptr<DrafterGraph> build_inject_graph(const DrafterModel & model, const DrafterCache & cache, int n_rows,
+                                                 void * mem = nullptr);
 // n_inject > 0: the graph first writes the K/V rows of n_inject context rows (as an inject
 // graph would), then proposes over the cache including them
 std::unique_ptr<DrafterGraph> build_propose_graph(const DrafterModel & model, const DrafterCache & cache, int n_tokens,
-                                                  int n_kv, int n_inject = 0);
+                                                  int n_kv, int n_inject = 0, void * mem = nullptr);
 
 // nodes a drafter graph may need (for the scheduler and graph contexts)
 size_t drafter_graph_size(const DrafterModel & model);
+// bytes of a graph's context (tensor and graph metadata; no data)
+size_t drafter_graph_ctx_bytes(const DrafterModel & model);
 
 }  // namespace pdf2

@@ -3,6 +3,7 @@
 #include "drafter/drafter_graph.h"
 #include "common/errors.h"
 
+#include <cstring>
 #include <unordered_set>
 
 namespace pdf2 {
@@ -129,6 +130,17 @@ size_t DrafterSched::buffer_bytes() const {
     size_t total = 0;
     for (ggml_backend_t b : backends_) total += ggml_backend_sched_get_buffer_size(sched_, b);
     return total;
+}
+
+void DrafterSched::write_host_pages(const DrafterGraph & g) const {
+    if (held_ != &g) {
+        throw Error("internal: writing the pages of a graph the scheduler does not hold");
+    }
+    for (ggml_tensor * t = ggml_get_first_tensor(g.ctx); t != nullptr; t = ggml_get_next_tensor(g.ctx, t)) {
+        if (t->view_src != nullptr || t->buffer == nullptr || t->data == nullptr) continue;
+        if (!ggml_backend_buffer_is_host(t->buffer)) continue;  // device memory is not the process's RSS
+        std::memset(t->data, 0, ggml_nbytes(t));
+    }
 }
 
 void DrafterSched::release() {

@@ -38,6 +38,9 @@ class DrafterSched {
     void alloc(DrafterGraph & g);
     // runs the held graph g (inputs already set); throws Error
     void compute(DrafterGraph & g);
+    // writes the host-memory compute tensors of the allocated graph g once (zeros), so that
+    // their pages are resident from now on instead of first touched while serving
+    void write_host_pages(const DrafterGraph & g) const;
     // forgets the held graph (its next run needs a fresh graph)
     void release();
 
