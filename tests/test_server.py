@@ -439,3 +439,49 @@ def test_probes_follow_one_schedule_per_engine(models: dict[str, Path]) -> None:
         assert 1 <= n_probes <= 4, n_probes
     finally:
         engine.close()
+
+
+def test_slots_between_decoding_slots_get_filler_rows(models: dict[str, Path], llm) -> None:
+    """llama.cpp splits a batch whose sequences are not consecutive into several ubatches (a
+    pass over the weights each). A slot between two decoding slots (idle, or prefilling) gets
+    filler rows instead, cut off right after the decode: the answers stay those of each request
+    alone, and the slot's own K/V is intact (its prompt reuse and its prefill go on)."""
+    from pydflash2.server.engine import BatchEngine
+
+    def run(engine: BatchEngine, jobs: dict[int, tuple[list[int], int]], n: int) -> dict[int, list[int]]:
+        """jobs: slot -> (prompt, the step it starts at); the first n tokens of each answer"""
+        out: dict[int, list[int]] = {slot: [] for slot in jobs}
+        step = 0
+        while any(len(v) < n for v in out.values()):
+            for slot, (prompt, at) in jobs.items():
+                if at == step:
+                    engine.start(slot, prompt)
+            for slot, toks in enumerate(engine.step()):
+                if slot in out and toks:
+                    out[slot].extend(toks)
+            step += 1
+        for slot in jobs:
+            engine.stop(slot)
+        return {slot: v[:n] for slot, v in out.items()}
+
+    prompts = [raw_tokens(llm, p) for p in PROMPTS[:3]]
+    alone = BatchEngine(models["target"], models["draft"], n_slots=1, n_ctx=256, n_max=N_MAX)
+    engine = BatchEngine(models["target"], models["draft"], n_slots=3, n_ctx=256, n_max=N_MAX)
+    try:
+        want = [run(alone, {0: (p, 0)}, 24)[0] for p in prompts]
+        assert run(engine, {1: (prompts[1], 0)}, 24)[1] == want[1]  # slot 1 then idles, holding its K/V
+        # slot 1 idle between two decoding slots, then (a new request) prefilling between them
+        extended = prompts[1] + want[1][:5]
+        got = run(engine, {0: (prompts[0], 0), 2: (prompts[2], 0), 1: (extended, 3)}, 24)
+        assert engine.stats()["n_filler_rows"] > 0
+        for i in (0, 2):
+            check_same_greedy(got[i], want[i], prompts[i], llm, PROMPTS[i])
+        # slot 1 reused its earlier K/V (fillers at its end were cut off before it prefilled the rest)
+        check_same_greedy(got[1][:19], want[1][5:24], extended, llm, "slot 1, prefilled between two decoding slots")
+        # and it reuses its prompt's K/V once more
+        reused = engine.stats()["n_prompt_reused"]
+        assert run(engine, {1: (prompts[1], 0)}, 24)[1] == want[1]
+        assert engine.stats()["n_prompt_reused"] - reused == len(prompts[1]) - 1
+    finally:
+        engine.close()
+        alone.close()

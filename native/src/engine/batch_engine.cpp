@@ -122,6 +122,7 @@ BatchEngine::BatchEngine(llama_model * model, const std::vector<Drafter *> & dra
     }
     target_.claim();
     batch_cap_ = target_.n_batch();
+    fill_gaps_ = !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model);
     if (batch_cap_ < opts.n_slots) {
         throw Error("target batch (" + std::to_string(batch_cap_) + " rows) is smaller than the number of slots");
     }
@@ -351,6 +352,26 @@ void BatchEngine::add_row(llama_token token, int32_t pos, int seq, bool logits) 
     batch_.n_tokens = i + 1;
 }
 
+void BatchEngine::add_filler_rows(int seq, int n) {
+    const llama_pos p0 = llama_memory_seq_pos_max(llama_get_memory(ctx_.get()), seq) + 1;
+    if (!fill_gaps_ || p0 + n > opts_.n_ctx_slot) {
+        return;  // no room in its stream: llama.cpp splits the batch there, which costs time only
+    }
+    for (int j = 0; j < n; ++j) {
+        add_row(0, p0 + j, seq, /*logits =*/true);  // every row outputs: the captures expect all rows
+    }
+    fillers_.emplace_back(seq, p0);
+    stats_.n_filler_rows += n;
+}
+
+void BatchEngine::remove_filler_rows() {
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    for (const auto & [seq, p0] : fillers_) {
+        llama_memory_seq_rm(mem, seq, p0, -1);
+    }
+    fillers_.clear();
+}
+
 void BatchEngine::decode_batch(bool prefill, bool lazy_head) {
     // On the callback path the capture copies the batch's rows of every feature
     // layer. A batch is one ubatch (at most n_ubatch rows; one sequence, or equal
@@ -445,10 +466,22 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
         groups[n + 1].push_back(static_cast<int>(i));
     }
 
-    // 2. one target decode per group of equal rows (normally one), slots in order
+    // 2. one target decode per group of equal rows (normally one), slots in order.
+    // llama.cpp also needs the sequences of one ubatch to be consecutive: a slot
+    // between two members (idle, prefilling, or in another group) would split the
+    // batch, and each ubatch is a pass over the weights (a gap cost 40 -> 47 ms a
+    // step of 8 slots at 2 threads). Such a slot gets n_rows filler rows after what
+    // its sequence holds instead; they are cut off again right after the decode.
     for (const auto & [n_rows, members] : groups) {
         batch_.n_tokens = 0;
-        for (const int i : members) {
+        const bool fill = n_rows * (members.back() - members.front() + 1) <= batch_cap_;
+        size_t next = 0;
+        for (int i = members.front(); i <= members.back(); ++i) {
+            if (members[next] != i) {
+                if (fill) add_filler_rows(i, n_rows);
+                continue;
+            }
+            ++next;
             Slot & s = slots_[static_cast<size_t>(i)];
             s.row0 = batch_.n_tokens;
             add_row(s.anchor, s.pos, i, true);
@@ -456,8 +489,15 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
                 add_row(s.drafts[j], s.pos + 1 + static_cast<int32_t>(j), i, true);
             }
         }
-        decode_batch(false, /*lazy_head =*/n_rows > 1);  // plain rows (one per slot) all need their head
-        rows += batch_.n_tokens;
+        const int32_t n_fillers = batch_.n_tokens - n_rows * static_cast<int32_t>(members.size());
+        try {
+            decode_batch(false, /*lazy_head =*/n_rows > 1);  // plain rows (one per slot) all need their head
+        } catch (...) {
+            remove_filler_rows();
+            throw;
+        }
+        remove_filler_rows();
+        rows += batch_.n_tokens - n_fillers;
         for (const int i : members) {
             finish_decode(i, slots_[static_cast<size_t>(i)], counts, tokens);
         }
@@ -619,6 +659,7 @@ std::string BatchEngine::stats_json() const {
     w.field("max_draft", max_draft_);
     w.field("n_steps", stats_.n_steps);
     w.field("n_rows", stats_.n_rows);
+    w.field("n_filler_rows", stats_.n_filler_rows);
     w.field("lazy_head_rows", target_.lazy_head_rows());  // verify rows whose LM head ran (lazily)
     w.field("n_prompt", stats_.n_prompt);
     w.field("n_prompt_reused", stats_.n_prompt_reused);

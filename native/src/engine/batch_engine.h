@@ -18,6 +18,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pdf2 {
@@ -36,7 +37,8 @@ struct BatchEngineOptions {
 // Engine-wide counters since creation (the server turns them into metrics).
 struct BatchStats {
     int64_t n_steps = 0;         // target decodes
-    int64_t n_rows = 0;          // batch rows in them
+    int64_t n_rows = 0;          // batch rows in them (filler rows included)
+    int64_t n_filler_rows = 0;   // rows decoded only to keep a verify batch one ubatch (add_filler_rows)
     int64_t n_prompt = 0;        // prompt tokens prefilled
     int64_t n_prompt_reused = 0; // prompt tokens whose K/V a slot already held
     int64_t n_generated = 0;     // tokens committed (first tokens included)
@@ -129,6 +131,9 @@ class BatchEngine {
     int32_t reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt);
     void flush_rows(Slot & s);
     void add_row(llama_token token, int32_t pos, int seq, bool logits);
+    // n rows for sequence seq after what it holds, when its stream has room: see step()
+    void add_filler_rows(int seq, int n);
+    void remove_filler_rows();
     void decode_batch(bool prefill, bool lazy_head = false);  // prefill: a prompt chunk (else verify rows)
     void finish_decode(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     void finish_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
@@ -145,6 +150,9 @@ class BatchEngine {
     bool feed_drafters_ = false;
     llama_batch batch_;
     int32_t batch_cap_ = 0;
+    // filler rows need sequences whose K/V can be cut back (not recurrent or hybrid memory)
+    bool fill_gaps_ = false;
+    std::vector<std::pair<int, int32_t>> fillers_;  // this decode's filler rows: sequence, first position
     int prefill_cursor_ = 0;  // round-robin start for prompt chunks
     unsigned probe_turn_ = 0;  // round-robin choice of the slot that probes
     BatchStats stats_;
