@@ -208,7 +208,7 @@ def main() -> int:
             up_tps = statistics.median(r["upstream"]["tokens_per_second"] for r in rs)
             ratio = statistics.median(r["ours"]["tokens_per_second"] / r["upstream"]["tokens_per_second"] for r in rs)
             agree = sum(texts_agree(r["ours_text"], r["upstream"]["text"]) for r in rs)
-            line += (f" {up_tps:11.1f} {statistics.median(r['upstream']['tau'] for r in rs):9.2f} {ratio:9.2f}x"
+            line += (f" {up_tps:11.1f} {statistics.median(r['upstream']['tau'] for r in rs):9.2f} {ratio:9.3f}x"
                      f" {agree:>7}/{len(rs)}")
         print(line)
     print("\nours, ms per step (sums over the prompts / steps)")
@@ -222,7 +222,7 @@ def main() -> int:
         ratio = statistics.median(a / b for a, b in plain_rows)
         print(f"\nplain decoding: ours (n_max 0) {statistics.median(a for a, _ in plain_rows):.1f} tok/s, "
               f"llama-cpp-python {statistics.median(b for _, b in plain_rows):.1f} tok/s, "
-              f"median ratio {ratio:.2f}x")
+              f"median ratio {ratio:.3f}x")
     for s in [*specs.values(), *full.values()]:
         s.close()
     return 0
