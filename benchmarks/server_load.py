@@ -175,6 +175,8 @@ def engine_phases(server: Server) -> dict[str, float]:
         for smp in fam.samples:
             if smp.name.startswith("pydflash2:spec_decode_") and smp.name.endswith("_total") and not smp.labels:
                 out[smp.name.removeprefix("pydflash2:spec_decode_").removesuffix("_total")] = smp.value
+            elif smp.name in ("pydflash2:prompt_tokens_total", "pydflash2:prefix_cache_hits_total"):
+                out[smp.name.removeprefix("pydflash2:").removesuffix("_total")] = smp.value
     return out
 
 
@@ -377,6 +379,8 @@ def main() -> int:
                     help="CPU threads of every server, for one-row and batch decodes alike (default: half the CPUs, "
                          "llama-cpp-python's default for generation)")
     ap.add_argument("--n-max", default="auto")
+    ap.add_argument("--flash-attn", choices=["on", "off"], default="off",
+                    help="flash attention in every server's target (both servers default to off)")
     ap.add_argument("--max-tokens", default=None, help="comma list of answer lengths to mix (default 16,32,64,128)")
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama-cpp-python's server")
     ap.add_argument("--soak", action="store_true", help="also run the soak")
@@ -413,7 +417,7 @@ def main() -> int:
                        cwd=tmp, stdout=subprocess.DEVNULL)
     threads = ["--threads", str(args.threads)]
     ours = [sys.executable, "-m", "pydflash2.server", "--model", target, "--draft", draft, "--n-ctx",
-            str(args.n_ctx), "--n-max", args.n_max, "--max-queue", "1000", *threads]
+            str(args.n_ctx), "--n-max", args.n_max, "--max-queue", "1000", "--flash-attn", args.flash_attn, *threads]
     env_note = f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start"
     results: list[LoadResult] = []
     report: dict = {"target": target, "draft": draft, "requests": args.requests, "clients": args.clients,
@@ -433,7 +437,8 @@ def main() -> int:
                 port = free_port()
                 cmd = [sys.executable, "-m", "llama_cpp.server", "--model", target, "--model_alias", model_id,
                        "--n_ctx", str(args.n_ctx), "--host", "127.0.0.1", "--port", str(port),
-                       "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads)]
+                       "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads),
+                       "--flash_attn", str(args.flash_attn == "on")]
                 servers.append(Server("llama-cpp-python server", cmd, port, "/v1/models", tmp))
             results = [LoadResult(s.name) for s in servers]
             for s, r in zip(servers, results, strict=True):

@@ -382,6 +382,23 @@ def test_prefix_cache_reuses_a_slots_prompt(client: openai.OpenAI, server: Serve
                       raw_tokens(llm, prompt), llm, prompt)
 
 
+def test_a_request_goes_to_the_slot_holding_its_prompt(client: openai.OpenAI, server: ServerProcess, llm) -> None:
+    # a long answer keeps slot A busy while a second prompt takes another slot; once both are idle, the
+    # second prompt comes back and must go to the slot that holds it (the lowest free slot holds the first)
+    first, second = "Forty-two small robots marched", "A quiet lake at dawn"
+    with client.completions.create(model=MODEL_ID, prompt=first, max_tokens=300, temperature=0,
+                                   stream=True) as stream:
+        next(iter(stream))  # the first prompt holds a slot now
+        client.completions.create(model=MODEL_ID, prompt=second, max_tokens=6, temperature=0)
+        for _ in stream:
+            pass
+    before = metrics(server.url, AUTH)
+    client.completions.create(model=MODEL_ID, prompt=second, max_tokens=6, temperature=0)
+    after = metrics(server.url, AUTH)
+    hits = after[("pydflash2:prefix_cache_hits_total", ())] - before[("pydflash2:prefix_cache_hits_total", ())]
+    assert hits == len(raw_tokens(llm, second)) - 1
+
+
 def test_busy_slots_gauge_during_load(client: openai.OpenAI, server: ServerProcess) -> None:
     # Four concurrent streams of 450 tokens (about 0.6 s each here on an idle machine, slower under load):
     # they share the slots, so the gauge must show several busy at once. Short requests (16 tokens, 40 ms)

@@ -185,6 +185,9 @@ int pdf2_batch_engine_measure_costs(pdf2_batch_engine * e, int32_t slot, int32_t
 /* Queues a prompt on an idle slot (prefilled by the next steps). 0 / -1. */
 int pdf2_batch_engine_start(pdf2_batch_engine * e, int32_t slot, const int32_t * prompt, int32_t n_prompt,
                             float temperature, int32_t top_k, float top_p, float min_p, uint64_t seed);
+/* Prompt rows an idle slot already holds from its last request (what start()
+ * there would not prefill), -1 on failure (a busy slot, a bad index). */
+int32_t pdf2_batch_engine_cached_prefix(pdf2_batch_engine * e, int32_t slot, const int32_t * prompt, int32_t n_prompt);
 /* Frees a slot; a no-op on an idle one. 0 / -1. */
 int pdf2_batch_engine_stop(pdf2_batch_engine * e, int32_t slot);
 /* One target decode for all busy slots. counts[n_slots]: tokens committed per

@@ -93,6 +93,13 @@ def resolve_draft(args: argparse.Namespace) -> str | None:
     return None if draft is None else str(draft)
 
 
+def add_flash_attn_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--flash-attn", choices=["on", "off"], default="off",
+                   help="flash attention in the target's context (default off, as in llama-cpp-python; on is "
+                        "faster on CPUs at short context and changes logits slightly; --exact keeps it off over "
+                        ">= 512 KV cells, where it is not batch-invariant)")
+
+
 def add_exact_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exact", action="store_true",
                    help="refuse to run unless greedy output is bit-identical to plain decoding (needs a "

@@ -6,7 +6,15 @@ import argparse
 import json
 import sys
 
-from .common import CliError, add_exact_arg, add_model_args, parse_n_max, resolve_draft, setup_devices
+from .common import (
+    CliError,
+    add_exact_arg,
+    add_flash_attn_arg,
+    add_model_args,
+    parse_n_max,
+    resolve_draft,
+    setup_devices,
+)
 
 NAME = "generate"
 
@@ -20,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("prompt", help="the prompt (a user message unless --raw)")
     add_model_args(p)
     add_exact_arg(p)
+    add_flash_attn_arg(p)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -49,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         spec = Speculator(
             resolve_target(args.model), draft, n_ctx=args.n_ctx, n_threads=args.threads,
             n_max=args.n_max if draft else 0, selector=args.selector, device=args.device, exact=args.exact,
-            n_gpu_layers=args.n_gpu_layers,
+            n_gpu_layers=args.n_gpu_layers, flash_attn=args.flash_attn == "on",
         )
     # NativeError: a bad drafter or a mismatched pair; ExactnessUnavailable: --exact on a variant build
     except (OSError, ValueError, NativeError, ExactnessUnavailable) as e:

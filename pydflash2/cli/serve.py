@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .common import CliError, Parser, add_model_args, parse_n_max, resolve_draft, setup_devices
+from .common import CliError, Parser, add_flash_attn_arg, add_model_args, parse_n_max, resolve_draft, setup_devices
 
 NAME = "serve"
 
@@ -25,6 +25,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exact", action="store_true",
                    help="refuse to start unless greedy output is bit-identical to plain decoding whatever else is "
                         "in the batch (needs a batch-invariant llama-cpp-python build)")
+    add_flash_attn_arg(p)
     p.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY (all but /health)")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests that may wait for a slot; beyond that: 503 + Retry-After (default 64)")
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             model=args.model, draft=draft, host=args.host, port=args.port, n_ctx=args.n_ctx,
             parallel=args.parallel, n_max=args.n_max if draft else 0, selector=args.selector,
             threads=args.threads, device=args.device, n_gpu_layers=args.n_gpu_layers,
-            exact=args.exact, api_key=args.api_key,
+            exact=args.exact, flash_attn=args.flash_attn == "on", api_key=args.api_key,
             max_queue=args.max_queue, model_alias=args.model_alias, max_body=args.max_body,
             log_level=args.log_level,
         ))

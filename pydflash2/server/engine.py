@@ -138,6 +138,12 @@ class BatchEngine:
                                            float(temperature), int(top_k), float(top_p), float(min_p), int(seed)),
                "start")
 
+    def cached_prefix(self, slot: int, tokens: Sequence[int]) -> int:
+        """Prompt tokens an idle slot already holds (start() there prefills only the rest)."""
+        arr = np.ascontiguousarray(tokens, dtype=np.int32)
+        return _check(lib.pdf2_batch_engine_cached_prefix(self._h, int(slot), ffi.from_buffer("int32_t[]", arr),
+                                                          len(arr)), "cached_prefix")
+
     def stop(self, slot: int) -> None:
         _check(lib.pdf2_batch_engine_stop(self._h, int(slot)), "stop")
 

@@ -36,6 +36,7 @@ class ServerOptions:
     device: str | None = None
     n_gpu_layers: int = 0
     exact: bool = False
+    flash_attn: bool = False
     api_key: str | None = None
     max_queue: int = 64
     model_alias: str | None = None
@@ -51,7 +52,7 @@ def _exact_flash_attn(opts: ServerOptions) -> bool:
         inv = exactness.build_invariance()
         if not inv:
             raise RuntimeError(exactness.unavailable_message(inv))
-    return exactness.flash_attn_for(opts.n_ctx, opts.exact, False)
+    return exactness.flash_attn_for(opts.n_ctx, opts.exact, opts.flash_attn)
 
 
 def build_app(opts: ServerOptions) -> tuple[FastAPI, BatchEngine, Scheduler]:

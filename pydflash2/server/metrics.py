@@ -26,6 +26,8 @@ _ENGINE_COUNTERS = {
 _PHASES = {
     "n_steps": ("num_steps", "Target decodes (engine steps and prompt chunks)"),
     "n_rows": ("num_rows", "Target rows decoded (verify rows and prompt rows)"),
+    "n_filler_rows": ("num_filler_rows", "Rows decoded only to keep a verify batch one ubatch (a slot between "
+                                         "two verifying slots; removed right after the decode)"),
     "lazy_head_rows": ("num_lazy_head_rows", "Verify rows whose LM head ran after the verify reached them "
                                              "(the rest of a rejected block skips its head)"),
     "inject_s": ("inject_seconds", "Seconds in feature copies and drafter inject graphs"),

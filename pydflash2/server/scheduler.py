@@ -171,7 +171,7 @@ class Scheduler:
         free = [s for s in range(self.engine.n_slots) if s not in self._active]
         while free and self._waiting:
             req = self._waiting.popleft()
-            slot = free[0]
+            slot = self._pick_slot(free, req.prompt_tokens)
             s = req.sampling
             try:
                 self.engine.start(slot, req.prompt_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
@@ -179,10 +179,18 @@ class Scheduler:
             except Exception as e:  # bad parameters the handler did not catch: this request only
                 self._reject(req, str(e))
                 continue
-            free.pop(0)
+            free.remove(slot)
             self._active[slot] = _Active(req, TextStream(self._token_bytes, req.stop))
         self.metrics.waiting.set(len(self._waiting))
         self.metrics.running.set(len(self._active))
+
+    def _pick_slot(self, free: list[int], prompt: list[int]) -> int:
+        """The free slot that holds the longest prefix of the prompt (its K/V is reused: a
+        repeated prompt or system prompt is not prefilled again, as llama-server picks slots
+        by prompt similarity); the lowest such slot."""
+        if len(free) == 1:
+            return free[0]
+        return max(free, key=lambda s: (self.engine.cached_prefix(s, prompt), -s))
 
     def _reject(self, req: GenerationRequest, message: str) -> None:
         self.metrics.requests.labels(status="error").inc()

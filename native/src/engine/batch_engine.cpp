@@ -210,14 +210,31 @@ void BatchEngine::stop(int slot) {
     s.sampler.reset();
 }
 
-int32_t BatchEngine::reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt) {
-    // the common prefix with what the slot holds, leaving at least the last
-    // prompt token to decode (its logits give the first answer token)
-    const size_t limit = std::min(s.history.size(), prompt.size() - 1);
+namespace {
+
+// the common prefix of what a slot holds and a prompt, leaving at least the
+// last prompt token to decode (its logits give the first answer token)
+size_t reusable_rows(const std::vector<llama_token> & history, const std::vector<llama_token> & prompt) {
+    const size_t limit = std::min(history.size(), prompt.empty() ? 0 : prompt.size() - 1);
     size_t keep = 0;
-    while (keep < limit && s.history[keep] == prompt[keep]) {
+    while (keep < limit && history[keep] == prompt[keep]) {
         ++keep;
     }
+    return keep;
+}
+
+}  // namespace
+
+int32_t BatchEngine::cached_prefix(int slot, const std::vector<llama_token> & prompt) {
+    const Slot & s = slot_at(slot);
+    if (s.state != State::Idle) {
+        throw Error("slot " + std::to_string(slot) + " is busy");
+    }
+    return static_cast<int32_t>(reusable_rows(s.history, prompt));
+}
+
+int32_t BatchEngine::reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt) {
+    const size_t keep = reusable_rows(s.history, prompt);
     const auto k = static_cast<int32_t>(keep);
     llama_memory_seq_rm(llama_get_memory(ctx_.get()), slot, k, -1);
     if (s.drafter != nullptr) {

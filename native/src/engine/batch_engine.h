@@ -86,6 +86,9 @@ class BatchEngine {
     void stop(int slot);
     // Rows of the slot's last prompt that start() reused (not prefilled).
     int32_t n_reused(int slot) { return slot_at(slot).n_reused; }
+    // Rows of `prompt` that start() on this idle slot would reuse (what it holds
+    // from its last request): a scheduler gives a request the slot that holds most.
+    int32_t cached_prefix(int slot, const std::vector<llama_token> & prompt);
 
     // One target decode for all busy slots. counts[s]: tokens committed for
     // slot s (0 = none this step, -1 = its context is full), written to

@@ -97,6 +97,16 @@ extern "C" int pdf2_batch_engine_start(pdf2_batch_engine * e, int32_t slot, cons
     });
 }
 
+extern "C" int32_t pdf2_batch_engine_cached_prefix(pdf2_batch_engine * e, int32_t slot, const int32_t * prompt,
+                                                   int32_t n_prompt) {
+    return pdf2::guarded<int32_t>(-1, [&] {
+        if (prompt == nullptr || n_prompt < 0) {
+            throw pdf2::Error("prompt is NULL");
+        }
+        return get(e).cached_prefix(slot, std::vector<llama_token>(prompt, prompt + n_prompt));
+    });
+}
+
 extern "C" int pdf2_batch_engine_stop(pdf2_batch_engine * e, int32_t slot) {
     return pdf2::guarded<int>(-1, [&] {
         get(e).stop(slot);
