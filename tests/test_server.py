@@ -126,6 +126,22 @@ def test_completion_equals_generate(client: openai.OpenAI, models, workdir, llm)
     assert r.choices[0].finish_reason == ("length" if len(got) == 16 else "stop")
 
 
+def test_flash_attn_server_equals_generate(models, workdir, llm) -> None:
+    # --flash-attn on reaches the target in both: the answers agree (near-tie rule on stock builds)
+    s = ServerProcess(["--model", str(models["target"]), "--draft", str(models["draft"]), "--parallel", "2",
+                       "--n-ctx", str(N_CTX), "--n-max", str(N_MAX), "--flash-attn", "on"], workdir)
+    try:
+        prompt = "Water boils at"
+        ref = generate_cli(models, workdir, prompt, "--raw", "--max-tokens", "16", "--flash-attn", "on")
+        r = httpx.post(s.url + "/v1/completions", json={"model": MODEL_ID, "prompt": prompt, "max_tokens": 16,
+                                                        "temperature": 0, "return_token_ids": True}, timeout=120)
+        assert r.status_code == 200, r.text
+        got = r.json()["choices"][0]["token_ids"]
+        check_same_greedy(got, ref["tokens"], raw_tokens(llm, prompt), llm, prompt)
+    finally:
+        s.stop()
+
+
 def test_chat_equals_generate(client: openai.OpenAI, models, workdir, llm) -> None:
     prompt = "The capital of France"
     ref = generate_cli(models, workdir, prompt, "--max-tokens", "12")
@@ -458,11 +474,13 @@ def test_probes_follow_one_schedule_per_engine(models: dict[str, Path]) -> None:
         engine.close()
 
 
-def test_slots_between_decoding_slots_get_filler_rows(models: dict[str, Path], llm) -> None:
+@pytest.mark.parametrize("n_max", [N_MAX, 0], ids=["drafting", "plain"])
+def test_slots_between_decoding_slots_get_filler_rows(models: dict[str, Path], llm, n_max: int) -> None:
     """llama.cpp splits a batch whose sequences are not consecutive into several ubatches (a
     pass over the weights each). A slot between two decoding slots (idle, or prefilling) gets
     filler rows instead, cut off right after the decode: the answers stay those of each request
-    alone, and the slot's own K/V is intact (its prompt reuse and its prefill go on)."""
+    alone, and the slot's own K/V is intact (its prompt reuse and its prefill go on). Plain
+    steps' fillers (one row) skip the LM head; drafting steps' fillers output like the rest."""
     from pydflash2.server.engine import BatchEngine
 
     def run(engine: BatchEngine, jobs: dict[int, tuple[list[int], int]], n: int) -> dict[int, list[int]]:
@@ -482,8 +500,8 @@ def test_slots_between_decoding_slots_get_filler_rows(models: dict[str, Path], l
         return {slot: v[:n] for slot, v in out.items()}
 
     prompts = [raw_tokens(llm, p) for p in PROMPTS[:3]]
-    alone = BatchEngine(models["target"], models["draft"], n_slots=1, n_ctx=256, n_max=N_MAX)
-    engine = BatchEngine(models["target"], models["draft"], n_slots=3, n_ctx=256, n_max=N_MAX)
+    alone = BatchEngine(models["target"], models["draft"], n_slots=1, n_ctx=256, n_max=n_max)
+    engine = BatchEngine(models["target"], models["draft"], n_slots=3, n_ctx=256, n_max=n_max)
     try:
         want = [run(alone, {0: (p, 0)}, 24)[0] for p in prompts]
         assert run(engine, {1: (prompts[1], 0)}, 24)[1] == want[1]  # slot 1 then idles, holding its K/V

@@ -374,8 +374,11 @@ void BatchEngine::add_filler_rows(int seq, int n) {
     if (!fill_gaps_ || p0 + n > opts_.n_ctx_slot) {
         return;  // no room in its stream: llama.cpp splits the batch there, which costs time only
     }
+    // Fillers of plain steps (one row a slot) skip the LM head. A lazy-head verify (n > 1) wants
+    // every row of the batch to output, and so does a capture of the last layer's output.
+    const bool logits = n > 1 || target_.outputs_all_rows();
     for (int j = 0; j < n; ++j) {
-        add_row(0, p0 + j, seq, /*logits =*/true);  // every row outputs: the captures expect all rows
+        add_row(0, p0 + j, seq, logits);
     }
     fillers_.emplace_back(seq, p0);
     stats_.n_filler_rows += n;
@@ -507,13 +510,13 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
             }
         }
         const int32_t n_fillers = batch_.n_tokens - n_rows * static_cast<int32_t>(members.size());
-        try {
+        {
+            struct RemoveFillers {  // right after the decode, also when it throws
+                BatchEngine & engine;
+                ~RemoveFillers() { engine.remove_filler_rows(); }
+            } remove_fillers{*this};
             decode_batch(false, /*lazy_head =*/n_rows > 1);  // plain rows (one per slot) all need their head
-        } catch (...) {
-            remove_filler_rows();
-            throw;
         }
-        remove_filler_rows();
         rows += batch_.n_tokens - n_fillers;
         for (const int i : members) {
             finish_decode(i, slots_[static_cast<size_t>(i)], counts, tokens);
