@@ -46,8 +46,8 @@ class ServerOptions:
 
 def _exact_flash_attn(opts: ServerOptions) -> bool:
     """--exact: refuse a build whose forward is not batch-invariant. Flash
-    attention stays off (llama-cpp-python's default; exactness.flash_attn_for
-    keeps it off in exact mode over >= 512 KV cells)."""
+    attention as --flash-attn asks (default off, llama-cpp-python's default);
+    exactness.flash_attn_for keeps it off in exact mode over >= 512 KV cells."""
     if opts.exact:
         inv = exactness.build_invariance()
         if not inv:
