@@ -6,6 +6,7 @@ overflow, every bad-input case, and /metrics."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -472,6 +473,30 @@ def test_probes_follow_one_schedule_per_engine(models: dict[str, Path]) -> None:
         assert 1 <= n_probes <= 4, n_probes
     finally:
         engine.close()
+
+
+def test_startup_cost_measurement_leaves_no_thread_pool(smollm2_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """ggml's CPU backend runs on OpenMP, and libgomp keeps a pool for each thread that ran a
+    parallel region. The costs measured at startup (n_max auto, nothing cached) must not leave a
+    pool on the constructing thread beside the scheduler's: libgomp then counts more threads than
+    cores and stops spinning at barriers, and every later decode is slower (1.8x measured). SmolLM2:
+    the fixture target is too small for ggml to use a second thread."""
+    script = (
+        "import os, sys, time\n"
+        "from pydflash2.server.engine import BatchEngine\n"
+        "def threads(): return len(os.listdir(f'/proc/{os.getpid()}/task'))\n"
+        "before = threads()\n"
+        "e = BatchEngine(sys.argv[1], sys.argv[2], n_slots=1, n_ctx=256, n_max='auto', n_threads=2)\n"
+        "time.sleep(1.0)  # a finished thread's OS exit (libgomp frees its pool there) may lag its join\n"
+        "print(before, threads(), e.costs is not None)\n"
+    )
+    env = {**os.environ, "PYDFLASH2_CACHE_DIR": str(tmp_path / "costs")}  # empty: the engine measures
+    out = subprocess.run([sys.executable, "-c", script, *map(str, smollm2_pair)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    before, after, measured = out.stdout.split()
+    assert measured == "True"
+    assert int(after) == int(before), "a thread pool outlived the cost measurement"
 
 
 @pytest.mark.parametrize("n_max", [N_MAX, 0], ids=["drafting", "plain"])
