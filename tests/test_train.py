@@ -23,7 +23,7 @@ from pydflash2.train.dataset import Dataset, DatasetError, DatasetWriter  # noqa
 from pydflash2.train.distill import Distiller  # noqa: E402
 from pydflash2.train.export import export_hf  # noqa: E402
 from pydflash2.train.model import DrafterConfig  # noqa: E402
-from pydflash2.train.objective import compute_losses, sample_batch  # noqa: E402
+from pydflash2.train.objective import Batch, compute_losses, expected_tau, sample_batch  # noqa: E402
 from pydflash2.train.prompts import DEV_FILE, TRAIN_FILE, read_prompts  # noqa: E402
 from pydflash2.train.target import read_target, tap_layers  # noqa: E402
 from pydflash2.train.trainer import build_model  # noqa: E402
@@ -173,6 +173,41 @@ def test_model_is_the_documented_drafter(tmp_path: Path, hot_target: Path, versi
         np.testing.assert_allclose(ours.detach().numpy()[0], want, rtol=1e-4, atol=2e-3)
 
 
+def test_walk_accuracy_scores_the_walks_pick(tmp_path: Path, hot_target: Path) -> None:
+    """walk_acc (what the τ estimate uses) scores the candidate the engine's greedy walk
+    picks, unary plus pairwise score given the true predecessor, found here with the
+    float64 reference of the doc's math; acc scores the unary top-1."""
+    info = read_target(hot_target)
+    torch.manual_seed(0)
+    model = build_model(_tiny_config(info), hot_target)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+        model.candidate_selector.predecessor_codebook.mul_(100)  # a pairwise term strong enough
+        model.candidate_selector.successor_codebook.mul_(100)  # to overrule the unary top-1
+    hf = export_hf(model, tmp_path / "hf", draft_ids=[])
+    ref = RefDrafter(testing.checkpoint_to_gguf(hf, hot_target, tmp_path / "d.gguf"), hot_target)
+    feats = np.random.default_rng(1).standard_normal((12, 3 * 64)).astype(np.float32)
+    p, anchor = 9, 40
+    ref.inject(feats[:p].astype(np.float64), np.arange(p))
+    h_ref, lg_ref = ref.forward(anchor, p, 6)
+    cands, score = ref.selector(anchor, h_ref, lg_ref)
+    walk_pick = max(cands[0], key=lambda c: score(0, anchor, c))
+    unary_top = int(np.argmax(lg_ref[1]))
+    assert walk_pick != unary_top  # else this test could not tell the two apart
+
+    def accuracies(label: int) -> tuple[float, float]:
+        labels = torch.full((1, 1, 6), -100, dtype=torch.long)
+        labels[0, 0, 1] = label  # position 1 only: its predecessor is the anchor
+        batch = Batch(torch.from_numpy(feats)[None], torch.ones(1, 12, dtype=torch.bool), torch.tensor([[p]]),
+                      torch.tensor([[anchor]]), labels, torch.ones(1, 1, dtype=torch.bool))
+        loss = compute_losses(model, batch)
+        return loss.acc[0], loss.walk_acc[0]
+
+    assert accuracies(walk_pick) == (0.0, 1.0)
+    assert accuracies(unary_top) == (1.0, 0.0)
+
+
 def test_training_reduces_the_loss(run_dir: Path) -> None:
     log = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
     steps = [e for e in log if "loss" in e]
@@ -180,6 +215,7 @@ def test_training_reduces_the_loss(run_dir: Path) -> None:
     assert steps[-1]["loss"] < 0.8 * steps[0]["loss"], steps
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 60 and summary["draft_vocab"] == 300
+    assert summary["val_tau_est"] == pytest.approx(expected_tau(summary["val_walk_acc"]))
 
 
 def test_hf_export_reloads(run_dir: Path, hot_target: Path) -> None:

@@ -100,7 +100,8 @@ def add_flash_attn_arg(p: argparse.ArgumentParser) -> None:
                         ">= 512 KV cells, where it is not batch-invariant)")
 
 
-def add_exact_arg(p: argparse.ArgumentParser) -> None:
+def add_exact_arg(p: argparse.ArgumentParser, *, what: str = "") -> None:
+    """what: the command's own words for where bit-identity must hold."""
     p.add_argument("--exact", action="store_true",
-                   help="refuse to run unless greedy output is bit-identical to plain decoding (needs a "
+                   help=f"refuse to run unless greedy output is bit-identical to plain decoding{what} (needs a "
                         "batch-invariant llama-cpp-python; `pydflash2 info` shows whether this one is)")

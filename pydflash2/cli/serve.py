@@ -7,7 +7,16 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .common import CliError, Parser, add_flash_attn_arg, add_model_args, parse_n_max, resolve_draft, setup_devices
+from .common import (
+    CliError,
+    Parser,
+    add_exact_arg,
+    add_flash_attn_arg,
+    add_model_args,
+    parse_n_max,
+    resolve_draft,
+    setup_devices,
+)
 
 NAME = "serve"
 
@@ -22,9 +31,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="drafts per block: auto (default) or N (0 = plain)")
     p.add_argument("--selector", choices=["auto", "greedy", "sample", "viterbi"], default="auto",
                    help="path walk through the DFlash2 lattice (auto: greedy at T=0, sampled otherwise)")
-    p.add_argument("--exact", action="store_true",
-                   help="refuse to start unless greedy output is bit-identical to plain decoding whatever else is "
-                        "in the batch (needs a batch-invariant llama-cpp-python build)")
+    add_exact_arg(p, what=" whatever else is in the batch")
     add_flash_attn_arg(p)
     p.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY (all but /health)")
     p.add_argument("--max-queue", type=int, default=64,

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..text_stream import TextStream
 from .engine import BatchEngine
 from .metrics import ServerMetrics
@@ -190,7 +192,8 @@ class Scheduler:
         by prompt similarity); the lowest such slot."""
         if len(free) == 1:
             return free[0]
-        return max(free, key=lambda s: (self.engine.cached_prefix(s, prompt), -s))
+        tokens = np.ascontiguousarray(prompt, dtype=np.int32)  # once, not once per slot
+        return max(free, key=lambda s: (self.engine.cached_prefix(s, tokens), -s))
 
     def _reject(self, req: GenerationRequest, message: str) -> None:
         self.metrics.requests.labels(status="error").inc()

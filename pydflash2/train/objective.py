@@ -76,6 +76,10 @@ class Losses:
     selector: float
     acc: list[float]  # top-1 accuracy of the unary logits per block position 1..n-1
     sel_acc: float  # selector picks the true token given the true predecessor (when among candidates)
+    # per block position: the greedy walk's pick (DFlash2: best candidate score given the true
+    # predecessor; DFlash: the unary top-1) is the true token. This, not `acc`, is what the
+    # engine's acceptance follows: the selector often corrects the unary top-1.
+    walk_acc: list[float]
 
 
 def compute_losses(model: DFlash2Drafter, batch: Batch, *, gamma: float = 4.0, selector_weight: float = 1.0,
@@ -99,7 +103,7 @@ def compute_losses(model: DFlash2Drafter, batch: Batch, *, gamma: float = 4.0, s
         hit = ((pred == lab_d) & (lab_d >= 0)).float()
         acc = [(hit[..., i] * has[..., i]).sum().item() / max(1.0, has[..., i].sum().item()) for i in range(n - 1)]
     total = ce_loss
-    sel_loss_v, sel_acc = 0.0, 0.0
+    sel_loss_v, sel_acc, walk_acc = 0.0, 0.0, acc
     if c.version == 2:
         kk = min(c.selector_top_k, lg.shape[-1])
         with torch.no_grad():
@@ -109,6 +113,10 @@ def compute_losses(model: DFlash2Drafter, batch: Batch, *, gamma: float = 4.0, s
             target = (cand == lab[..., None]).float()
             present = (target.sum(-1) > 0) & (lab >= 0)
         scores = model.candidate_selector.scores(unary, cand, hidden[..., 1:, :].detach(), prev)
+        with torch.no_grad():
+            pick = cand.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
+            walk_hit = (pick == lab).float() * has
+            walk_acc = [walk_hit[..., i].sum().item() / max(1.0, has[..., i].sum().item()) for i in range(n - 1)]
         if present.any():
             s = scores[present]
             tgt = target[present].argmax(-1)
@@ -117,7 +125,7 @@ def compute_losses(model: DFlash2Drafter, batch: Batch, *, gamma: float = 4.0, s
             total = total + selector_weight * sel_loss
             sel_loss_v = float(sel_loss.item())
             sel_acc = float((s.argmax(-1) == tgt).float().mean().item())
-    return Losses(total, float(ce_loss.item()), sel_loss_v, acc, sel_acc)
+    return Losses(total, float(ce_loss.item()), sel_loss_v, acc, sel_acc, walk_acc)
 
 
 def expected_tau(acc: list[float]) -> float:

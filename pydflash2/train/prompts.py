@@ -230,6 +230,93 @@ def build_pool(seed: int = 0) -> list[str]:
     return pool
 
 
+# A second batch, appended after the first so that a dataset distilled from the first keeps
+# its prompt indices (distillation resumes by index): new topics, subjects, activities and
+# pairs through the same templates, new question forms for every topic, and more arithmetic.
+MORE_TOPICS = [
+    "glaciers", "tides", "the ozone layer", "acid rain", "wind power", "solar panels", "batteries",
+    "semiconductors", "lasers", "radio waves", "sound waves", "optics", "thermodynamics", "friction",
+    "buoyancy", "atoms", "the periodic table", "chemical reactions", "acids and bases", "proteins",
+    "enzymes", "cells", "bacteria", "viruses", "the nervous system", "the digestive system", "the lungs",
+    "blood types", "genetics", "memory", "emotions", "habits", "motivation", "creativity", "critical thinking",
+    "negotiation", "leadership", "teamwork", "project management", "marketing", "advertising", "branding",
+    "entrepreneurship", "banking", "credit scores", "insurance", "retirement savings", "cryptocurrency",
+    "globalization", "trade", "urban planning", "public transport", "architecture", "bridges", "skyscrapers",
+    "the Great Wall of China", "the pyramids", "ancient Greece", "the Vikings", "the Aztecs", "the Ming dynasty",
+    "the Ottoman Empire", "World War I", "World War II", "the civil rights movement", "the Industrial Age",
+    "the space race", "the United Nations", "human rights", "free speech", "elections", "philosophy",
+    "ethics", "logic", "Stoicism", "Buddhism", "mythology", "Shakespeare", "poetry", "the novel",
+    "film making", "animation", "theater", "opera", "rock music", "hip hop", "ballet", "sculpture",
+    "pottery", "knitting", "woodworking", "camping", "hiking", "cycling", "swimming", "yoga", "tennis",
+    "basketball", "marathon running", "mountaineering", "astronomy", "telescopes", "the Milky Way",
+    "exoplanets", "the Big Bang", "dark matter", "comets", "the sun", "weather forecasting", "clouds",
+    "lightning", "rivers", "forests", "wetlands", "endangered species", "penguins", "elephants", "ants",
+    "spiders", "sharks", "dinosaurs", "fossils", "robots", "self-driving cars", "3D printing",
+    "virtual reality", "artificial intelligence", "computer vision", "speech recognition", "search engines",
+    "web browsers", "email", "programming languages", "algorithms", "data structures", "compilers",
+    "version control", "unit testing", "APIs", "spreadsheets", "data privacy", "online learning",
+]
+MORE_EXPLAIN = [
+    "What are the pros and cons of {t}?",
+    "Write a short paragraph about {t} for a school newsletter.",
+    "What should everyone know about {t}?",
+    "Explain the history of {t} in a few sentences.",
+    "How does {t} affect everyday life?",
+    "Give an example that helps {a} understand {t}.",
+]
+MORE_SUBJECTS = [
+    "a penguin who wants to fly", "a haunted library", "a robot chef", "a treasure hunt in the city",
+    "a friendly ghost", "a kite festival", "the first snow of winter", "a lonely astronaut",
+    "a squirrel planning for winter", "a magic umbrella", "a long train journey", "a village by the sea",
+    "a broken clock", "a secret garden", "a street musician", "a shy dragon", "a new neighbor",
+    "a bicycle that can talk", "a storm at sea", "an old photograph", "a birthday surprise",
+    "a fox and a crow", "a library at midnight", "a child's first drawing", "a desert island",
+    "a city of robots", "a wise old owl", "a missing sock", "a race between snails", "a midnight picnic",
+]
+MORE_ACTIVITIES = [
+    "learning to cook", "moving to a new apartment", "training a puppy", "writing a novel", "learning to swim",
+    "growing tomatoes", "negotiating a salary", "studying for a math test", "making a website",
+    "choosing a laptop", "cleaning the kitchen", "waking up early", "learning to draw", "starting a podcast",
+    "packing for a trip", "running a meeting", "writing an email to a professor", "staying safe online",
+]
+MORE_PAIRS = [
+    ("a violin", "a viola"), ("a rabbit", "a hare"), ("a sea", "an ocean"), ("a hill", "a mountain"),
+    ("fission", "fusion"), ("a list", "a set"), ("TCP", "UDP"), ("a compiler", "an interpreter"),
+    ("a cold", "the flu"), ("a loan", "a grant"), ("a moth", "a butterfly"), ("a star", "a planet"),
+    ("Linux", "Windows"), ("jam", "jelly"), ("a cyclone", "a typhoon"), ("an emu", "an ostrich"),
+]
+
+
+def build_extra_pool(seed: int = 0) -> list[str]:
+    """The second batch: every distinct prompt of the new lists, in a fixed shuffled order."""
+    rng = random.Random(seed + 1)
+    pool: list[str] = []
+    for t in MORE_TOPICS:
+        for tpl in rng.sample(EXPLAIN, 6) + rng.sample(MORE_EXPLAIN, 2):
+            pool.append(tpl.format(t=t, a=rng.choice(AUDIENCES)))
+        pool.append(rng.choice(CHAT_T).format(t=t))
+    for t in TOPICS:
+        for tpl in rng.sample(MORE_EXPLAIN, 3):
+            pool.append(tpl.format(t=t, a=rng.choice(AUDIENCES)))
+    for s in MORE_SUBJECTS:
+        for f in rng.sample(FORMS, 8):
+            pool.append(rng.choice(WRITE).format(f=f, s=s))
+    for x in MORE_ACTIVITIES:
+        for tpl in LISTS:
+            x2 = x if tpl != LISTS[1] else x.replace("a ", "", 1)
+            pool.append(tpl.format(n=rng.choice([3, 4, 5, 7, 10]), x=x, x2=x2))
+    for x, y in MORE_PAIRS:
+        for tpl in COMPARE:
+            pool.append(tpl.format(x=x, y=y))
+    for c in CODE_TASKS:
+        for lang in rng.sample(LANGUAGES, 3):
+            pool.append(rng.choice(CODE).format(l=lang, c=c))
+    pool += [_maths(rng) for _ in range(500)]
+    pool = list(dict.fromkeys(pool))
+    rng.shuffle(pool)
+    return pool
+
+
 def split(pool: list[str], n_dev: int) -> tuple[list[str], list[str]]:
     """(train, dev): the first n_dev prompts are held out."""
     return pool[n_dev:], pool[:n_dev]
@@ -246,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     train, dev = split(build_pool(args.seed), args.dev)
+    seen = set(train) | set(dev)
+    train += [q for q in build_extra_pool(args.seed) if q not in seen]  # appended: old indices stay
     TRAIN_FILE.write_text("\n".join(train) + "\n", encoding="utf-8")
     DEV_FILE.write_text("\n".join(dev) + "\n", encoding="utf-8")
     print(f"wrote {len(train)} prompts to {TRAIN_FILE} and {len(dev)} to {DEV_FILE}")

@@ -66,7 +66,7 @@ def evaluate(model: DFlash2Drafter, data: Dataset, val_ids: np.ndarray, s: Train
         return {}
     model.eval()
     rng = np.random.default_rng(7)
-    ces, sels, accs = [], [], []
+    ces, sels, accs, walks = [], [], [], []
     for i in range(0, len(val_ids), s.batch_seqs):
         b = sample_batch(data, rng, s.batch_seqs, s.anchors, model.config.block_size,
                          seq_ids=val_ids[i : i + s.batch_seqs])
@@ -74,10 +74,12 @@ def evaluate(model: DFlash2Drafter, data: Dataset, val_ids: np.ndarray, s: Train
         ces.append(loss.ce)
         sels.append(loss.selector)
         accs.append(loss.acc)
+        walks.append(loss.walk_acc)
     model.train()
     acc = np.mean(np.asarray(accs), axis=0).tolist()
+    walk = np.mean(np.asarray(walks), axis=0).tolist()
     return {"val_ce": float(np.mean(ces)), "val_selector": float(np.mean(sels)), "val_acc": acc,
-            "val_tau_est": expected_tau(acc)}
+            "val_walk_acc": walk, "val_tau_est": expected_tau(walk)}
 
 
 def train(model: DFlash2Drafter, data: Dataset, out: Path, s: TrainSettings, *, resume: bool = False,
@@ -144,9 +146,9 @@ def train(model: DFlash2Drafter, data: Dataset, out: Path, s: TrainSettings, *, 
         if step % 20 == 0 or step == 1:
             log.append({"step": step, "elapsed_s": round(elapsed, 1), "loss": round(ema, 4), "ce": round(loss.ce, 4),
                         "selector": round(loss.selector, 4), "acc1": round(loss.acc[0], 3),
-                        "tau_est": round(expected_tau(loss.acc), 3), "lr": opt.param_groups[0]["lr"]})
+                        "tau_est": round(expected_tau(loss.walk_acc), 3), "lr": opt.param_groups[0]["lr"]})
         bar.set_postfix_str(f"step {step} loss {ema:.3f} ce {loss.ce:.3f} sel {loss.selector:.3f} "
-                            f"acc1 {loss.acc[0]:.2f} tau~{expected_tau(loss.acc):.2f}", refresh=False)
+                            f"acc1 {loss.acc[0]:.2f} tau~{expected_tau(loss.walk_acc):.2f}", refresh=False)
         bar.update(round(100 * min(frac(), 1.0), 1) - bar.n)  # redraws at most every mininterval
         if time.monotonic() - last_ckpt > s.checkpoint_minutes * 60:
             save()

@@ -371,7 +371,7 @@ void BatchEngine::add_row(llama_token token, int32_t pos, int seq, bool logits) 
 
 void BatchEngine::add_filler_rows(int seq, int n) {
     const llama_pos p0 = llama_memory_seq_pos_max(llama_get_memory(ctx_.get()), seq) + 1;
-    if (!fill_gaps_ || p0 + n > opts_.n_ctx_slot) {
+    if (p0 + n > opts_.n_ctx_slot) {
         return;  // no room in its stream: llama.cpp splits the batch there, which costs time only
     }
     // Fillers of plain steps (one row a slot) skip the LM head. A lazy-head verify (n > 1) wants
@@ -494,7 +494,7 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
     // its sequence holds instead; they are cut off again right after the decode.
     for (const auto & [n_rows, members] : groups) {
         batch_.n_tokens = 0;
-        const bool fill = n_rows * (members.back() - members.front() + 1) <= batch_cap_;
+        const bool fill = fill_gaps_ && n_rows * (members.back() - members.front() + 1) <= batch_cap_;
         size_t next = 0;
         for (int i = members.front(); i <= members.back(); ++i) {
             if (members[next] != i) {
