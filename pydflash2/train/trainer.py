@@ -53,7 +53,8 @@ def build_model(cfg: DrafterConfig, target: str | Path) -> DFlash2Drafter:
     return model
 
 
-def _split(data: Dataset, n_val: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def split_sequences(data: Dataset, n_val: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(training, held-out) sequence ids of a run: fixed by the seed and the dataset's size."""
     ids = np.random.default_rng(seed + 12345).permutation(len(data))
     n_val = min(n_val, len(data) // 10)
     return ids[n_val:], ids[:n_val]
@@ -98,7 +99,7 @@ def train(model: DFlash2Drafter, data: Dataset, out: Path, s: TrainSettings, *, 
         ddp_model = torch.nn.parallel.DistributedDataParallel(model)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.98))
-    train_ids, val_ids = _split(data, s.val_seqs, s.seed)
+    train_ids, val_ids = split_sequences(data, s.val_seqs, s.seed)
     step, elapsed, log = 0, 0.0, []
     rng = np.random.default_rng(s.seed + rank)
     ckpt_path = out / CHECKPOINT
