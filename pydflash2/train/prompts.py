@@ -193,6 +193,33 @@ def _maths(rng: random.Random) -> str:
     return f"A shirt costs ${a} and is {c * 5 % 60 + 10}% off. What is the sale price?"
 
 
+def _stories(rng: random.Random, subjects: list[str]) -> list[str]:
+    return [rng.choice(WRITE).format(f=f, s=s) for s in subjects for f in rng.sample(FORMS, 8)]
+
+
+def _checklists(rng: random.Random, activities: list[str]) -> list[str]:
+    out = []
+    for x in activities:
+        for tpl in LISTS:
+            x2 = x if tpl != LISTS[1] else x.replace("a ", "", 1)  # "mistakes people make when [a] ..."
+            out.append(tpl.format(n=rng.choice([3, 4, 5, 7, 10]), x=x, x2=x2))
+    return out
+
+
+def _comparisons(pairs: list[tuple[str, str]]) -> list[str]:
+    return [tpl.format(x=x, y=y) for x, y in pairs for tpl in COMPARE]
+
+
+def _code_prompts(rng: random.Random, n_languages: int) -> list[str]:
+    return [rng.choice(CODE).format(l=lang, c=c) for c in CODE_TASKS for lang in rng.sample(LANGUAGES, n_languages)]
+
+
+def _distinct_shuffled(rng: random.Random, pool: list[str]) -> list[str]:
+    pool = list(dict.fromkeys(pool))  # distinct, first occurrence kept
+    rng.shuffle(pool)
+    return pool
+
+
 def build_pool(seed: int = 0) -> list[str]:
     """Every distinct prompt the templates make, in a fixed shuffled order."""
     rng = random.Random(seed)
@@ -201,22 +228,13 @@ def build_pool(seed: int = 0) -> list[str]:
         for tpl in rng.sample(EXPLAIN, 8):
             pool.append(tpl.format(t=t, a=rng.choice(AUDIENCES)))
         pool.append(rng.choice(CHAT_T).format(t=t))
-    for s in SUBJECTS:
-        for f in rng.sample(FORMS, 8):
-            pool.append(rng.choice(WRITE).format(f=f, s=s))
-    for x in ACTIVITIES:
-        for tpl in LISTS:
-            x2 = x if tpl != LISTS[1] else x.replace("a ", "", 1)
-            pool.append(tpl.format(n=rng.choice([3, 4, 5, 7, 10]), x=x, x2=x2))
-    for c in CODE_TASKS:
-        for lang in rng.sample(LANGUAGES, 6):
-            pool.append(rng.choice(CODE).format(l=lang, c=c))
+    pool += _stories(rng, SUBJECTS)
+    pool += _checklists(rng, ACTIVITIES)
+    pool += _code_prompts(rng, 6)
     for w in CODE_WORDS:
         for lang in rng.sample(LANGUAGES, 2):
             pool.append(rng.choice(CODE_EXTRA).format(w=w, l=lang))
-    for x, y in COMPARE_PAIRS:
-        for tpl in COMPARE:
-            pool.append(tpl.format(x=x, y=y))
+    pool += _comparisons(COMPARE_PAIRS)
     for s in SENTENCES:
         for tpl in REWRITE:
             pool.append(tpl.format(s=s))
@@ -225,9 +243,7 @@ def build_pool(seed: int = 0) -> list[str]:
         a, b = rng.sample(INGREDIENTS, 2)
         pool.append(f"What can I cook with {a} and {b}?")
     pool += [_maths(rng) for _ in range(600)]
-    pool = list(dict.fromkeys(pool))  # distinct, first occurrence kept
-    rng.shuffle(pool)
-    return pool
+    return _distinct_shuffled(rng, pool)
 
 
 # A second batch, appended after the first so that a dataset distilled from the first keeps
@@ -298,23 +314,12 @@ def build_extra_pool(seed: int = 0) -> list[str]:
     for t in TOPICS:
         for tpl in rng.sample(MORE_EXPLAIN, 3):
             pool.append(tpl.format(t=t, a=rng.choice(AUDIENCES)))
-    for s in MORE_SUBJECTS:
-        for f in rng.sample(FORMS, 8):
-            pool.append(rng.choice(WRITE).format(f=f, s=s))
-    for x in MORE_ACTIVITIES:
-        for tpl in LISTS:
-            x2 = x if tpl != LISTS[1] else x.replace("a ", "", 1)
-            pool.append(tpl.format(n=rng.choice([3, 4, 5, 7, 10]), x=x, x2=x2))
-    for x, y in MORE_PAIRS:
-        for tpl in COMPARE:
-            pool.append(tpl.format(x=x, y=y))
-    for c in CODE_TASKS:
-        for lang in rng.sample(LANGUAGES, 3):
-            pool.append(rng.choice(CODE).format(l=lang, c=c))
+    pool += _stories(rng, MORE_SUBJECTS)
+    pool += _checklists(rng, MORE_ACTIVITIES)
+    pool += _comparisons(MORE_PAIRS)
+    pool += _code_prompts(rng, 3)
     pool += [_maths(rng) for _ in range(500)]
-    pool = list(dict.fromkeys(pool))
-    rng.shuffle(pool)
-    return pool
+    return _distinct_shuffled(rng, pool)
 
 
 def split(pool: list[str], n_dev: int) -> tuple[list[str], list[str]]:
