@@ -27,7 +27,7 @@ import numpy as np
 from llama_cpp import _internals
 
 from pydflash2 import capture, testing
-from pydflash2.upstream import ext, silence_logs
+from pydflash2.testing.upstream import ext, silence_logs
 
 
 def main() -> None:

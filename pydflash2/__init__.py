@@ -5,7 +5,7 @@ from __future__ import annotations
 from ._native import NativeError
 from .drafter import Drafter, DrafterError, Proposal, Walk
 from .info import DrafterFileError, inspect_drafter, native_info
-from .modelfile import ModelfileError, modelfile
+from .ollama import ModelfileError, modelfile
 from .speculator import Completion, GenerationError, Speculator, load_target, with_lazy_head
 
 __version__ = "0.1.0"

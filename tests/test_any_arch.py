@@ -20,7 +20,7 @@ from pydflash2.convert.cli import main as convert_main
 from pydflash2 import capture, exactness, testing
 from pydflash2.drafter import Drafter
 from pydflash2.speculator import GenerationError, Speculator
-from pydflash2.upstream import ext
+from pydflash2.testing.upstream import ext
 
 CALLBACK_ARCHS = ("qwen2", "gemma3")
 HOT = tuple(testing.FIRST_MERGED_ID + i for i in range(6))

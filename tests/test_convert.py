@@ -71,7 +71,7 @@ def test_loads_in_libllama_as_dflash(conv, version: int) -> None:
 
     from llama_cpp import llama_cpp as lc
 
-    from pydflash2.upstream import ext, silence_logs
+    from pydflash2.testing.upstream import ext, silence_logs
 
     silence_logs()
     lc.llama_backend_init()

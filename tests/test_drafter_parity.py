@@ -1,5 +1,5 @@
 """Our drafter graph against upstream llama.cpp's own dflash drafter
-(pydflash2.upstream), fed identical features from a real target decode."""
+(pydflash2.testing.upstream), fed identical features from a real target decode."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pydflash2.convert.cli import main as convert_main
 
 from pydflash2 import Drafter, testing
 
-upstream = pytest.importorskip("pydflash2.upstream")
+upstream = pytest.importorskip("pydflash2.testing.upstream")
 
 # upstream taps target layer INPUTS 0..n_layer-1 on a llama target: HF ids 0..n_layer-2
 SPEC_LAYERS = (0, 1, 2)

@@ -22,8 +22,8 @@ from ollama_modelfile import (
 )
 
 from pydflash2 import ModelfileError, modelfile, testing
-from pydflash2.chat_template import CHATML, derive_ollama_template, render_jinja
-from pydflash2.modelfile import ModelfileWarning, quote
+from pydflash2.ollama.chat_template import CHATML, derive_ollama_template, render_jinja
+from pydflash2.ollama.modelfile import ModelfileWarning, quote
 
 CONVERSATION = [
     {"role": "user", "content": "What is the capital of France?"},

@@ -27,7 +27,7 @@ from pydflash2.train.objective import Batch, compute_losses, expected_tau, sampl
 from pydflash2.train.prompts import DEV_FILE, TRAIN_FILE, read_prompts  # noqa: E402
 from pydflash2.train.target import read_target, tap_layers  # noqa: E402
 from pydflash2.train.trainer import build_model  # noqa: E402
-from pydflash2.upstream import UpstreamDrafter  # noqa: E402
+from pydflash2.testing.upstream import UpstreamDrafter  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from drafter_ref import RefDrafter  # noqa: E402

@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..modelfile import ModelfileError, ModelfileWarning, modelfile
+    from ..ollama import ModelfileError, ModelfileWarning, modelfile
 
     out = Path(args.output) if args.output else (Path(args.bundle) / "Modelfile" if args.bundle else None)
     if out is not None:

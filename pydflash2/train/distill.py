@@ -25,7 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .. import capture as feature_capture
-from ..upstream import UpstreamError, ext, silence_logs
+from ..llama_ext import LlamaError, ext, silence_logs
 from .dataset import DatasetWriter
 
 
@@ -85,7 +85,7 @@ class Distiller:
         mp.n_gpu_layers = 0
         self.model = lc.llama_model_load_from_file(str(target).encode(), mp)
         if not self.model:
-            raise UpstreamError(f"cannot load target {target}")
+            raise LlamaError(f"cannot load target {target}")
         n_layer = int(lc.llama_model_n_layer(self.model))
         self.arch = feature_capture.model_arch(self.model)
         rule = feature_capture.capture_rule(self.arch, n_layer)
@@ -115,7 +115,7 @@ class Distiller:
         self.ctx = lc.llama_init_from_model(self.model, cp)
         if not self.ctx:
             lc.llama_model_free(self.model)
-            raise UpstreamError("cannot create the target context")
+            raise LlamaError("cannot create the target context")
         if self.path == "tap":
             for i in self.layer_ids:
                 ext.set_embeddings_layer_inp(self.ctx, i + 1, True)
@@ -150,7 +150,7 @@ class Distiller:
                 continue
             ptr = ext.get_embeddings_layer_inp(self.ctx, lid + 1)
             if not ptr:
-                raise UpstreamError(f"target layer input {lid + 1} was not extracted")
+                raise LlamaError(f"target layer input {lid + 1} was not extracted")
             out[:, k * H : (k + 1) * H] = np.ctypeslib.as_array(ptr, shape=(n, H))
         return out
 
@@ -161,7 +161,7 @@ class Distiller:
         for seq, tok, pos, out in items:
             idx = lc.llama_batch_ext_add_token(self.batch, seq, int(tok))
             if idx < 0:
-                raise UpstreamError(f"llama_batch_ext_add_token failed ({idx})")
+                raise LlamaError(f"llama_batch_ext_add_token failed ({idx})")
             lc.llama_batch_ext_set_pos(self.batch, idx, (lc.llama_pos * 4)(pos, 0, 0, 0))
             lc.llama_batch_ext_set_output_logits(self.batch, idx, out or self.all_rows)
         if self.capture is not None:  # one ubatch (n_batch = n_ubatch), rows in batch order
@@ -172,12 +172,12 @@ class Distiller:
             if self.capture is not None:
                 self.capture.disarm()
         if rc != 0:
-            raise UpstreamError(f"llama_process returned {rc}")
+            raise LlamaError(f"llama_process returned {rc}")
         if self.capture is not None:
             try:
                 self.capture.check(self.arch)
             except feature_capture.CaptureError as e:
-                raise UpstreamError(str(e)) from None
+                raise LlamaError(str(e)) from None
         feats = self._features(len(items))
         greedy = {}
         for i, (_, _, _, out) in enumerate(items):

@@ -24,8 +24,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from .models import default_target, resolve_target  # noqa: F401  (re-exported for tests and scripts)
-from .random_drafter import (  # noqa: F401  (re-exported: the tests build their drafters with these)
+from ..models import default_target, resolve_target  # noqa: F401  (re-exported for tests and scripts)
+from ..random_drafter import (  # noqa: F401  (re-exported: the tests build their drafters with these)
     DrafterSpec,
     drafter_config,
     drafter_tensors,

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .chat_template import derive_ollama_template
-from .info import DrafterFileError, inspect_drafter
-from .models import resolve_target
+from ..info import DrafterFileError, inspect_drafter
+from ..models import resolve_target
 
 DEFAULT_NUM_CTX = 4096
 
@@ -133,7 +133,7 @@ def quote(value: str) -> str:
 def _resolve_drafter(draft: str | os.PathLike[str] | None) -> Path:
     if draft is not None:
         return Path(draft)
-    from . import models
+    from .. import models
 
     default = getattr(models, "default_drafter", None)
     if default is None:
@@ -143,8 +143,8 @@ def _resolve_drafter(draft: str | os.PathLike[str] | None) -> Path:
 
 def _check_fit(target_path: Path, facts: TargetFacts, draft_path: Path, hp: dict) -> None:
     """The converter's own target/drafter checks, on the drafter GGUF's numbers."""
-    from .convert.target import Target
-    from .convert.validate import fit_problems, fit_warnings
+    from ..convert.target import Target
+    from ..convert.validate import fit_problems, fit_warnings
 
     target = Target(target_path, "gguf", facts.n_embd, facts.n_layer, facts.n_vocab)
     layer_ids = [i - 1 for i in hp["target_layers"]]  # GGUF ids name the next layer's input
@@ -238,7 +238,7 @@ def modelfile(
     if bundle is not None:
         target_path, draft_path = _bundle_paths(sources, Path(bundle))
 
-    from . import __version__
+    from .. import __version__
 
     kind = "DFlash2" if hp["version"] == 2 else "DFlash"
     lines = [
