@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .cpu_hog import CpuHogs
+from .draft_decision import explain_run
 
 DEFAULT_PROMPTS = [
     "Write a short story about a robot learning to paint.",
@@ -89,6 +90,7 @@ def run_bench(cfg: BenchConfig) -> int:
                                                            seed=1000 * rep + i, chat=cfg.chat)
                         runs[(n_max, sel, temp, hogs)].append(out.stats)
         print(f"repeat {rep + 1}/{cfg.repeats} done", file=sys.stderr)
+    costs = {key: spec.costs for key, spec in specs.items()}  # the auto cost model's inputs, per configuration
     for spec in specs.values():
         spec.close()
 
@@ -116,6 +118,8 @@ def run_bench(cfg: BenchConfig) -> int:
             "accepted_per_position": [int(x) for x in accepted],
             "acceptance_per_position": [float(a) / d if d else None for a, d in zip(accepted, drafted, strict=True)],
         })
+        if n_max == "auto":  # what auto decided over these runs, and why
+            results[-1]["auto_decision"] = explain_run(costs[(n_max, sel)], results[-1])
     for r in results:
         base = next(b for b in results if b["n_max"] == 0 and b["temperature"] == r["temperature"]
                     and b["cpu_hogs"] == r["cpu_hogs"])
@@ -135,6 +139,9 @@ def run_bench(cfg: BenchConfig) -> int:
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     _plot(results, out_dir)
     _print_table(results)
+    for r in results:
+        if r.get("auto_decision"):
+            print(f"T={r['temperature']:g} {r['selector']}: {r['auto_decision']}", file=sys.stderr)
     print(f"wrote {out_dir / 'bench.json'} and PNG plots", file=sys.stderr)
     return 0
 

@@ -29,6 +29,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from . import _native, devices, draft_costs, exactness
 from . import capture as feature_capture
 from ._native import ffi, lib
+from .cpu_threads import default_threads
 from .drafter import Drafter
 from .exactness import ExactnessUnavailable
 from .text_stream import TextStream
@@ -436,7 +437,8 @@ def load_target(
         build = exactness.build_invariance()
         if not build:
             raise ExactnessUnavailable(exactness.unavailable_message(build))
-    # n_threads, when given, serves batches too (llama-cpp-python would use all cores there)
+    # one count for generation and batches: llama-cpp-python would use every logical CPU for batches
+    n_threads = default_threads(n_threads)
     llm = llama_cpp.Llama(model_path=os.fspath(path), n_ctx=n_ctx, n_threads=n_threads,
                           n_threads_batch=n_threads, n_batch=512, flash_attn=flash_attn, n_gpu_layers=n_gpu_layers,
                           verbose=verbose)

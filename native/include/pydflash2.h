@@ -115,6 +115,14 @@ int pdf2_drafter_get_logits(const pdf2_drafter * d, float * logits);
 int pdf2_drafter_walk(const pdf2_drafter * d, int32_t mode, float temperature, uint64_t seed, int32_t top_k,
                       int32_t * tokens, int32_t * q_ids, float * q);
 
+/* ---- Draft length: the cost model behind n_max = auto ----
+ * For every draft count n = 0..n_draft (n_verify = n_draft + 1 verify costs, verify_s[B-1] for B rows;
+ * draft_s[n-1]; acceptance[i-1] = conditional acceptance of block position i, n_draft values) writes
+ * expected_tokens[n] (committed per step) and rate[n] (committed per second), as the engines'
+ * adaptive policy scores them. Returns the n it would draft (the best rate), -1 on bad input. */
+int32_t pdf2_draft_length_rates(const double * verify_s, int32_t n_verify, const double * draft_s, int32_t n_draft,
+                                const double * acceptance, double * expected_tokens, double * rate);
+
 /* ---- Engine: the draft-verify loop over a llama-cpp-python target ----
  * target_ctx: the target's llama_context * (e.g. llama_cpp.Llama._ctx.ctx).
  * drafter: may be NULL when n_max = 0 (plain decoding through the same loop).

@@ -54,7 +54,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", help="DFlash/DFlash2 drafter GGUF; 'none' for plain decoding (default: the shipped "
                    "drafter with the default model, plain decoding with any other model)")
     p.add_argument("--n-ctx", type=int, default=4096, help="context length (default 4096)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: llama-cpp-python's)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for generation and batches (default: the physical cores, as llama.cpp counts)")
     add_device_args(p)
 
 

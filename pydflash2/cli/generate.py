@@ -48,6 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .._native import NativeError
+    from ..draft_decision import explain_run
     from ..exactness import ExactnessUnavailable
     from ..models import resolve_target
     from ..speculator import GenerationError, Speculator
@@ -81,11 +82,19 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     assert out is not None
     s = out.stats
+    explanation = explain_run(spec.costs, s) if args.n_max == "auto" and draft else None
     if args.json:
         print(json.dumps({"text": out.text, "tokens": out.tokens, "finish_reason": out.finish_reason,
-                          "stats": {k: s[k] for k in STATS_KEYS}}))
+                          "stats": {k: s[k] for k in STATS_KEYS}, "auto_decision": explanation}))
     else:
         print(f"[{out.finish_reason}] {len(out.tokens)} tokens, {s['tokens_per_second']:.1f} tok/s, "
               f"tau {s['tau']:.2f}, ttft {s['ttft_s'] * 1000:.0f} ms, n_max {s['n_max']}, "
               f"exact {'yes' if s['exact'] else 'no'}", file=sys.stderr)
+    drafted, accepted = s["drafted_per_position"], s["accepted_per_position"]
+    if not args.json and any(drafted):
+        per_position = " ".join(f"{a / d:.2f}" if d else "-" for d, a in zip(drafted, accepted, strict=True))
+        print(f"acceptance per block position 1..{len(drafted)}: {per_position} ({sum(drafted)} drafts)",
+              file=sys.stderr)
+    if not args.json and explanation:
+        print(explanation, file=sys.stderr)
     return 0

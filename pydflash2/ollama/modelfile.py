@@ -18,9 +18,9 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .chat_template import derive_ollama_template
 from ..info import DrafterFileError, inspect_drafter
 from ..models import resolve_target
+from .chat_template import derive_ollama_template
 
 DEFAULT_NUM_CTX = 4096
 

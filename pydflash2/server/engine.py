@@ -27,15 +27,11 @@ import numpy as np
 
 from .. import _native, draft_costs
 from .._native import ffi, lib
+from ..cpu_threads import default_threads
 from ..drafter import Drafter
 from ..speculator import SELECTORS, GenerationError
 
 _TOKENIZER_CTX = 256  # the Llama's own context: unused for decoding
-
-
-def default_threads() -> int:
-    """llama-cpp-python's default for generation: half the logical CPUs (about the physical cores)."""
-    return max(1, (os.cpu_count() or 2) // 2)
 
 
 def _check(rc: int, what: str) -> int:
@@ -93,7 +89,7 @@ class BatchEngine:
         # One thread count for every decode. llama-cpp-python's defaults (cpu_count // 2 for one-row decodes,
         # cpu_count for batches) would run our verify batches on every core: on a machine with other work,
         # ggml's barriers then wait on descheduled threads and a step gets many times slower.
-        threads = int(n_threads) if n_threads else default_threads()
+        threads = default_threads(n_threads)
         self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=_TOKENIZER_CTX, n_batch=64, n_threads=threads,
                                    n_threads_batch=threads, n_gpu_layers=n_gpu_layers, verbose=verbose)
         self.n_threads = threads

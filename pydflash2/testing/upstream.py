@@ -32,7 +32,6 @@ __all__ = ["Lattice", "UpstreamDrafter", "UpstreamError", "ext", "silence_logs"]
 from ..llama_ext import LlamaError as UpstreamError
 from ..llama_ext import ext, silence_logs
 
-
 # ---------------------------------------------------------------- results
 
 

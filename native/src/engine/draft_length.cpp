@@ -47,43 +47,54 @@ std::vector<double> DraftLengthPolicy::acceptance() const {
     return a;
 }
 
-double DraftLengthPolicy::expected_tokens(int n) const {
-    const std::vector<double> a = acceptance();
+double expected_tokens(const std::vector<double> & acceptance, int n) {
     double expected = 1.0;
     double reach = 1.0;
-    for (int i = 0; i < n && i < max_draft_; ++i) {
-        reach *= a[static_cast<size_t>(i)];
+    for (int i = 0; i < n && i < static_cast<int>(acceptance.size()); ++i) {
+        reach *= acceptance[static_cast<size_t>(i)];
         expected += reach;
     }
     return expected;
 }
 
-double DraftLengthPolicy::expected_rate(int n) const {
-    if (verify_s_.empty()) {
+double expected_rate(const std::vector<double> & acceptance, const std::vector<double> & verify_s,
+                     const std::vector<double> & draft_s, int n) {
+    if (verify_s.empty()) {
         return 0.0;
     }
-    const size_t b = std::min(static_cast<size_t>(n), verify_s_.size() - 1);
-    double seconds = verify_s_[b];
-    if (n > 0 && !draft_s_.empty()) {
-        seconds += draft_s_[std::min(static_cast<size_t>(n - 1), draft_s_.size() - 1)];
+    const size_t b = std::min(static_cast<size_t>(n), verify_s.size() - 1);
+    double seconds = verify_s[b];
+    if (n > 0 && !draft_s.empty()) {
+        seconds += draft_s[std::min(static_cast<size_t>(n - 1), draft_s.size() - 1)];
     }
-    return expected_tokens(n) / std::max(seconds, 1e-9);
+    return expected_tokens(acceptance, n) / std::max(seconds, 1e-9);
 }
 
-int DraftLengthPolicy::best() const {
-    if (max_draft_ == 0 || verify_s_.empty()) {
-        return max_draft_;
-    }
+int best_draft_length(const std::vector<double> & acceptance, const std::vector<double> & verify_s,
+                      const std::vector<double> & draft_s) {
     int best = 0;
-    double best_rate = expected_rate(0);
-    for (int n = 1; n <= max_draft_; ++n) {
-        const double r = expected_rate(n);
+    double best_rate = expected_rate(acceptance, verify_s, draft_s, 0);
+    for (int n = 1; n <= static_cast<int>(acceptance.size()); ++n) {
+        const double r = expected_rate(acceptance, verify_s, draft_s, n);
         if (r > best_rate) {
             best = n;
             best_rate = r;
         }
     }
     return best;
+}
+
+double DraftLengthPolicy::expected_tokens(int n) const { return pdf2::expected_tokens(acceptance(), n); }
+
+double DraftLengthPolicy::expected_rate(int n) const {
+    return pdf2::expected_rate(acceptance(), verify_s_, draft_s_, n);
+}
+
+int DraftLengthPolicy::best() const {
+    if (max_draft_ == 0 || verify_s_.empty()) {
+        return max_draft_;
+    }
+    return best_draft_length(acceptance(), verify_s_, draft_s_);
 }
 
 int DraftLengthPolicy::schedule(int n) {

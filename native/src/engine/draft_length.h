@@ -8,6 +8,16 @@
 
 namespace pdf2 {
 
+// Committed tokens per step with n drafts (1 + expected accepted), given the conditional
+// acceptance of each block position.
+double expected_tokens(const std::vector<double> & acceptance, int n);
+// Committed tokens per second with n drafts: expected_tokens / (verify of n+1 rows + drafting n).
+double expected_rate(const std::vector<double> & acceptance, const std::vector<double> & verify_s,
+                     const std::vector<double> & draft_s, int n);
+// The n (0..acceptance.size()) with the best expected rate; ties keep the smaller n.
+int best_draft_length(const std::vector<double> & acceptance, const std::vector<double> & verify_s,
+                      const std::vector<double> & draft_s);
+
 class DraftLengthPolicy {
   public:
     explicit DraftLengthPolicy(int max_draft);
