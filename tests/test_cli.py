@@ -67,7 +67,8 @@ def test_generate_json_matches_plain_greedy(tmp_path, target_gguf, drafter2_gguf
              "--max-tokens", "16", "--raw", "--n-max", "3", "--json", "--n-ctx", "256", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert set(out) == {"text", "tokens", "finish_reason", "stats"}
+    assert set(out) == {"text", "tokens", "finish_reason", "stats", "auto_decision"}
+    assert out["auto_decision"] is None  # a fixed n_max: no cost model to explain
     assert {"tau", "n_max", "tokens_per_second", "ttft_s", "draft_s", "verify_s", "drafted_per_position",
             "accepted_per_position"} <= set(out["stats"])
     assert out["finish_reason"] == "length" and len(out["tokens"]) == 16
@@ -123,6 +124,11 @@ def test_bench_writes_json_plots_and_ratios(tmp_path, target_gguf, drafter2_gguf
         assert phases["n_steps"] > 0 and all(v >= 0 for v in phases.values())
         assert sum(v for k, v in phases.items() if k.endswith("_s")) <= x["total_s"]
         assert x["phase_ms_per_step"]["verify_decode"] > 0
+        # auto says what it chose and why (the numbers: tests/test_draft_decision.py)
+        assert (x["n_max"] == "auto") == ("auto_decision" in x)
+        if x["n_max"] == "auto":
+            assert x["auto_decision"].startswith("auto: ") and "tau " in x["auto_decision"]
+            assert x["auto_decision"] in r.stderr
     assert (out_dir / "throughput.png").stat().st_size > 1000
     assert (out_dir / "acceptance.png").stat().st_size > 1000
     assert "vs plain" in r.stdout
