@@ -163,6 +163,7 @@ def test_grammars_pass_llama_cpps_parser(llm: llama_cpp.Llama) -> None:
         for parallel in (False, True):
             grammars.check_grammar(vocab, fmt.grammar([fn], parallel))
     grammars.check_grammar(vocab, grammars.response_format_grammar({"type": "json_object"}))
+    grammars.check_grammar(vocab, grammars.response_format_grammar({"type": "json_object", "schema": fn["parameters"]}))
     grammars.check_grammar(vocab, grammars.response_format_grammar(
         {"type": "json_schema", "json_schema": {"name": "w", "schema": fn["parameters"]}}))
     with pytest.raises(ValueError, match="GBNF"):
@@ -341,11 +342,13 @@ UNHONOURED = [
     ("frequency_penalty", {"frequency_penalty": 0.5}, "frequency_penalty"),
     ("repeat_penalty", {"repeat_penalty": 1.1}, "repeat_penalty"),
     ("logit_bias", {"logit_bias": {"300": -100}}, "logit_bias"),
+    ("logit_bias", {"logit_bias": [[300, -100]]}, "logit_bias"),
+    ("repeat_penalty", {"repeat_penalty": 1.1, "repeat_last_n": -1}, "repeat_penalty"),
     ("logprobs", {"logprobs": 2}, "logprobs"),
 ]
 
 
-@pytest.mark.parametrize("feature, extra, param", UNHONOURED, ids=[u[2] for u in UNHONOURED])
+@pytest.mark.parametrize("feature, extra, param", UNHONOURED, ids=[f"{u[2]}-{i}" for i, u in enumerate(UNHONOURED)])
 def test_a_field_the_engine_cannot_honour_gets_400(server: ServerProcess, feature: str, extra: dict,
                                                    param: str) -> None:
     if feature in FEATURES:
@@ -402,6 +405,25 @@ def test_logit_bias_bans_and_forces(client: openai.OpenAI) -> None:
     assert not set(banned.choices[0].model_extra["token_ids"]) & set(free)
     forced = client.completions.create(logit_bias={"300": 100}, **kw)
     assert set(forced.choices[0].model_extra["token_ids"]) == {300}
+    # llama-server's list form
+    listed = client.completions.create(extra_body={"return_token_ids": True, "logit_bias": [[301, 100]]},
+                                       **{k: v for k, v in kw.items() if k != "extra_body"})
+    assert set(listed.choices[0].model_extra["token_ids"]) == {301}
+
+
+@sampler_chain("presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n")
+def test_penalties_reduce_repetition(client: openai.OpenAI) -> None:
+    # the hot-token target repeats a few tokens; each penalty spreads its greedy answer over more of them
+    kw = dict(model=ALIAS, prompt="The answer is", max_tokens=24, temperature=0, extra_body={"return_token_ids": True})
+
+    def distinct(**extra) -> int:
+        body = {**kw, "extra_body": {**kw["extra_body"], **extra.pop("extra_body", {})}, **extra}
+        return len(set(client.completions.create(**body).choices[0].model_extra["token_ids"]))
+
+    free = distinct()
+    assert distinct(frequency_penalty=2.0) > free
+    assert distinct(presence_penalty=2.0) > free
+    assert distinct(extra_body={"repeat_penalty": 3.0, "repeat_last_n": -1}) > free
 
 
 @sampler_chain("grammar")
@@ -426,6 +448,12 @@ def test_logprobs_shapes(client: openai.OpenAI) -> None:
     lp = comp.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
     assert "".join(lp.tokens) == comp.choices[0].text
+    # streamed: the same logprobs, in chunks beside the text
+    streamed = [c.choices[0].logprobs for c in client.chat.completions.create(
+        model=ALIAS, messages=USER, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3, stream=True)
+        if c.choices and c.choices[0].logprobs]
+    got = [x for part in streamed for x in part.content]
+    assert [(x.token, x.logprob) for x in got] == [(c.token, c.logprob) for c in content]
 
 
 # ---------------------------------------------------------------- SmolLM2
