@@ -13,6 +13,8 @@ tested whichever engine is installed."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -133,13 +135,15 @@ def test_tool_calls_parse_back_from_the_templates_own_rendering() -> None:
     assert tools.split_answer(tools.HERMES, {"get_weather"}, text, parallel=False)[1] == got[:1]
 
 
-# What Llama 3.1's and Mistral Nemo's own templates render for an assistant turn calling
-# get_weather(city="Paris") (rendered from the templates in llama.cpp's models/templates).
+# What Qwen2.5's, Llama 3.1's and Mistral Nemo's own templates render for an assistant turn
+# calling get_weather(city="Paris") (rendered from the templates in llama.cpp's models/templates).
+QWEN25_TURN = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 LLAMA31_TURN = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
 MISTRAL_NEMO_TURN = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abcdefghi"}]'
 
 
-@pytest.mark.parametrize("fmt, text", [(tools.LLAMA3, LLAMA31_TURN), (tools.LLAMA3, "<|python_tag|>" + LLAMA31_TURN),
+@pytest.mark.parametrize("fmt, text", [(tools.HERMES, QWEN25_TURN), (tools.LLAMA3, LLAMA31_TURN),
+                                       (tools.LLAMA3, "<|python_tag|>" + LLAMA31_TURN),
                                        (tools.MISTRAL, MISTRAL_NEMO_TURN)])
 def test_other_formats_parse(fmt: tools.ToolCallFormat, text: str) -> None:
     content, calls = tools.split_answer(fmt, {"get_weather"}, text)
@@ -501,3 +505,11 @@ def test_smollm2_json_schema_answers_validate(smollm2_server: ServerProcess) -> 
         jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
         taus.append(r.model_extra["timings"]["tau"])
     print(f"tau with a JSON schema, 20 prompts at T=0.7: {sum(taus) / len(taus):.2f}")
+
+
+@pytest.mark.parametrize("args, needle", [(["--top-p", "0"], "--top-p"), (["--temp", "-1"], "--temp"),
+                                          (["--top-k", "-3"], "--top-k"), (["--min-p", "2"], "--min-p")])
+def test_serve_rejects_bad_sampling_defaults(args: list[str], needle: str, tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "pydflash2.server", *args], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and needle in out.stderr

@@ -23,7 +23,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from ..chat_template import ChatTemplate
 from . import schemas, steering
-from .answers import Answer as _Answer
+from .answers import Answer
 from .scheduler import Finished, GenerationRequest, Logprobs, QueueFull, Sampling, Scheduler
 from .template_routes import add_template_routes
 
@@ -166,7 +166,7 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
                                param="prompt")
         st = steer(body)
         req = _submit(scheduler, request, body, tokens, config, COMPLETION_DEFAULT_MAX_TOKENS, st)
-        answer = _Answer(schemas.new_id("cmpl"), config.model_id, body, st, tokenizer.piece)
+        answer = Answer(schemas.new_id("cmpl"), config.model_id, body, st, tokenizer.piece)
         if body.stream:
             return EventSourceResponse(answer.stream_completion(_events(scheduler, req)))
         return JSONResponse(answer.completion(await _wait(scheduler, request, req)))
@@ -177,7 +177,7 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
         st = steer(body)
         tokens = _chat_tokens(tokenizer, body)
         req = _submit(scheduler, request, body, tokens, config, None, st)
-        answer = _Answer(schemas.new_id("chatcmpl"), config.model_id, body, st, tokenizer.piece)
+        answer = Answer(schemas.new_id("chatcmpl"), config.model_id, body, st, tokenizer.piece)
         if body.stream:
             return EventSourceResponse(answer.stream_chat(_events(scheduler, req)))
         return JSONResponse(answer.chat(await _wait(scheduler, request, req)))
