@@ -34,9 +34,43 @@ def response_format_grammar(response_format: dict[str, Any]) -> str | None:
     raise ValueError(f"type must be 'text', 'json_object' or 'json_schema', got {kind!r}")
 
 
+# Constraints llama-cpp-python's converter does not turn into grammar rules: a schema
+# using one would be ignored in part, so it is refused instead.
+UNSUPPORTED = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minProperties",
+               "maxProperties", "uniqueItems", "not", "if", "then", "else", "contains", "minContains",
+               "maxContains", "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas",
+               "unevaluatedProperties", "unevaluatedItems")
+# keywords whose values are schemas, or maps / lists of schemas
+_SUBSCHEMA = ("items", "additionalProperties", "additionalItems")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+
+def check_schema(schema: Any, path: str = "") -> None:
+    """ValueError naming the first constraint the converter would drop."""
+    if not isinstance(schema, dict):
+        return
+    for key in UNSUPPORTED:
+        if key in schema:
+            raise ValueError(f"'{key}' at {path or '/'} is not supported by llama-cpp-python's JSON-schema converter")
+    for key in _SUBSCHEMA:
+        check_schema(schema.get(key), f"{path}/{key}")
+    for key in _SCHEMA_MAPS:
+        sub = schema.get(key)
+        if isinstance(sub, dict):
+            for name, s in sub.items():
+                check_schema(s, f"{path}/{key}/{name}")
+    for key in _SCHEMA_LISTS:
+        sub = schema.get(key)
+        if isinstance(sub, list):
+            for i, s in enumerate(sub):
+                check_schema(s, f"{path}/{key}/{i}")
+
+
 def schema_grammar(schema: Any) -> str:
     if isinstance(schema, bool) or not isinstance(schema, dict):
         raise ValueError("the JSON schema must be an object")
+    check_schema(schema)
     try:
         return json_schema_to_gbnf(json.dumps(schema))
     except Exception as e:  # the converter raises bare exceptions on what it does not support

@@ -156,20 +156,16 @@ def _tools(body: ChatCompletionRequest, template: Any) -> tuple[ToolPlan | None,
         raise FieldError("tools", "the model's chat template does not describe tools in a call format this server "
                                   "parses (Hermes/Qwen <tool_call>, Llama 3.x JSON, Mistral [TOOL_CALLS])")
     defs = [t.function.model_dump() for t in body.tools]
-    for d in defs:
-        params = d.get("parameters")
-        if params is not None:
-            try:
-                grammars.schema_grammar(params)
-            except ValueError as e:
-                raise FieldError("tools", f"function '{d['name']}': {e}") from None
     plan = ToolPlan(fmt, frozenset(names), body.parallel_tool_calls)
     if choice in (None, "auto"):
-        return plan, None
-    if choice == "required":
-        return plan, fmt.grammar(defs, body.parallel_tool_calls)
-    named = [d for d in defs if d["name"] == choice.function.name]
-    if not named:
-        raise FieldError("tool_choice", f"no tool named '{choice.function.name}' in 'tools'")
-    return ToolPlan(fmt, frozenset([named[0]["name"]]), False), fmt.grammar(named, parallel=False)
+        return plan, None  # unconstrained: the parameters' schemas only reach the template
+    if choice != "required":
+        defs = [d for d in defs if d["name"] == choice.function.name]
+        if not defs:
+            raise FieldError("tool_choice", f"no tool named '{choice.function.name}' in 'tools'")
+        plan = ToolPlan(fmt, frozenset([defs[0]["name"]]), False)
+    try:
+        return plan, fmt.grammar(defs, plan.parallel)
+    except Exception as e:  # the converter raises bare exceptions on what it cannot express
+        raise FieldError("tools", f"a forced call's parameters cannot be turned into a grammar: {e}") from None
 

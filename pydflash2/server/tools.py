@@ -23,6 +23,8 @@ from typing import Any
 
 from llama_cpp.llama_grammar import SchemaConverter
 
+from . import grammars
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -83,12 +85,15 @@ class ToolCallFormat:
 
     def grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
         """GBNF whose sentences are calls of these tools in this format (llama-cpp-python's
-        JSON-schema converter writes the JSON; this adds what wraps it)."""
+        JSON-schema converter writes the JSON; this adds what wraps it). ValueError for
+        parameters the converter cannot express."""
         call = {"anyOf": [{
             "type": "object",
             "properties": {"name": {"const": t["name"]}, self.arguments_key: t.get("parameters") or {"type": "object"}},
             "required": ["name", self.arguments_key],
         } for t in tools]}
+        for t in tools:
+            grammars.check_schema(t.get("parameters"), f"/{t['name']}")
         conv = SchemaConverter(prop_order={"name": 0, self.arguments_key: 1}, allow_fetch=False, dotall=False,
                                raw_pattern=False)
         rule = conv.visit(conv.resolve_refs(call, "tools"), "tool-call")
