@@ -53,6 +53,12 @@ WEATHER = {"type": "function", "function": {
                    "required": ["city", "unit"]}}}
 
 
+# the same tool with a bounded city: a random tiny target writes strings until a bound stops it
+BOUNDED_WEATHER = {"type": "function", "function": {**WEATHER["function"], "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 16}, "unit": {"enum": ["C", "F"]}},
+    "required": ["city", "unit"]}}}
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("server-api")
@@ -282,14 +288,14 @@ def test_follow_up_turn_with_the_tool_result(client: openai.OpenAI, server: Serv
 @sampler_chain("grammar")
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_forced_weather_call_and_its_stream(client: openai.OpenAI, choice) -> None:
-    kw = dict(model=ALIAS, messages=USER, tools=[WEATHER], tool_choice=choice, max_tokens=200, temperature=0,
+    kw = dict(model=ALIAS, messages=USER, tools=[BOUNDED_WEATHER], tool_choice=choice, max_tokens=200, temperature=0,
               parallel_tool_calls=False)
     r = client.chat.completions.create(**kw)
     msg = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls", msg
     (call,) = msg.tool_calls
     assert call.function.name == "get_weather" and call.id.startswith("call_")
-    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    jsonschema.validate(json.loads(call.function.arguments), BOUNDED_WEATHER["function"]["parameters"])
     # streamed: deltas that concatenate to the same call
     parts: dict[int, dict] = {}
     finish = None
@@ -306,7 +312,8 @@ def test_forced_weather_call_and_its_stream(client: openai.OpenAI, choice) -> No
     # the follow-up turn, with the tool's result
     follow = USER + [msg.model_dump(exclude_none=True),
                      {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18}'}]
-    r2 = client.chat.completions.create(model=ALIAS, messages=follow, tools=[WEATHER], max_tokens=8, temperature=0)
+    r2 = client.chat.completions.create(model=ALIAS, messages=follow, tools=[BOUNDED_WEATHER], max_tokens=8,
+                                        temperature=0)
     assert r2.choices[0].message.role == "assistant"
 
 
