@@ -14,7 +14,6 @@ strings, and reports finish reasons and statistics.
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -24,11 +23,11 @@ from typing import Any
 
 import llama_cpp
 import numpy as np
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from . import _native, devices, draft_costs, exactness
 from . import capture as feature_capture
 from ._native import ffi, lib
+from .chat_template import chat_prompt_tokens
 from .cpu_threads import default_threads
 from .drafter import Drafter
 from .exactness import ExactnessUnavailable
@@ -54,27 +53,6 @@ def _check(rc: int, what: str) -> int:
     if rc < 0:
         raise GenerationError(_native.last_error() or f"{what} failed")
     return rc
-
-
-@functools.lru_cache(maxsize=8)
-def _chat_formatter(template: str, eos_token: str, bos_token: str) -> Jinja2ChatFormatter:
-    """Compiled once per template: compiling costs ~10-20 ms, a server pays it per request otherwise."""
-    return Jinja2ChatFormatter(template=template, eos_token=eos_token, bos_token=bos_token)
-
-
-def chat_prompt_tokens(llm: llama_cpp.Llama, messages: Sequence[dict[str, Any]]) -> list[int]:
-    """Token ids of chat messages rendered by the GGUF's chat template, as
-    llama-cpp-python renders them (Jinja2ChatFormatter); ValueError without one."""
-    template = llm.metadata.get("tokenizer.chat_template")
-    if not template:
-        raise ValueError("the target model has no chat template: pass chat=False (raw prompt) or token ids")
-
-    def token_text(token: int) -> str:
-        return "" if token < 0 else llm._model.token_get_text(token)
-
-    formatter = _chat_formatter(template, token_text(llm.token_eos()), token_text(llm.token_bos()))
-    result = formatter(messages=list(messages))
-    return llm.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True)
 
 
 class Speculator:

@@ -22,7 +22,7 @@ from ollama_modelfile import (
 )
 
 from pydflash2 import ModelfileError, modelfile, testing
-from pydflash2.ollama.chat_template import CHATML, derive_ollama_template, render_jinja
+from pydflash2.ollama.go_template import CHATML, derive_ollama_template, render_jinja
 from pydflash2.ollama.modelfile import ModelfileWarning, quote
 
 CONVERSATION = [

@@ -4,6 +4,7 @@ HTTP server with continuous batching over the draft-verify engine."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 
@@ -36,7 +37,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY (all but /health)")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests that may wait for a slot; beyond that: 503 + Retry-After (default 64)")
-    p.add_argument("--model-alias", default=None, help="model id in /v1/models (default: the GGUF file name stem)")
+    p.add_argument("-a", "--alias", "--model-alias", dest="model_alias", default=None,
+                   help="model id /v1/models lists (default: the GGUF file name stem); requests may name any model")
+    g = p.add_argument_group("sampling defaults", "what a request that leaves the field out gets (llama-server's)")
+    g.add_argument("--temp", "--temperature", dest="temperature", type=float, default=0.8,
+                   help="temperature (default 0.8; 0 = greedy)")
+    g.add_argument("--top-k", type=int, default=40, help="top-k (default 40; 0 = off)")
+    g.add_argument("--top-p", type=float, default=0.95, help="top-p (default 0.95; 1 = off)")
+    g.add_argument("--min-p", type=float, default=0.05, help="min-p (default 0.05; 0 = off)")
     p.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (default 1 MiB)")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
 
@@ -56,7 +64,16 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--port must be in 1..65535, got {args.port}")
     if args.n_ctx < 32:
         raise CliError(f"--n-ctx must be >= 32, got {args.n_ctx}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise CliError(f"--temp must be a finite number >= 0, got {args.temperature}")
+    if args.top_k < 0:
+        raise CliError(f"--top-k must be >= 0, got {args.top_k}")
+    if not 0 < args.top_p <= 1:
+        raise CliError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if not 0 <= args.min_p <= 1:
+        raise CliError(f"--min-p must be in [0, 1], got {args.min_p}")
     setup_devices(args)
+    from ..server.app import SamplingDefaults
     from ..server.main import ServerOptions, serve
 
     draft = resolve_draft(args)  # the shipped drafter for the default model when --draft is omitted
@@ -68,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
             exact=args.exact, flash_attn=args.flash_attn == "on", api_key=args.api_key,
             max_queue=args.max_queue, model_alias=args.model_alias, max_body=args.max_body,
             log_level=args.log_level,
+            defaults=SamplingDefaults(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                      min_p=args.min_p),
         ))
     except (OSError, ValueError, RuntimeError) as e:
         raise CliError(str(e)) from None

@@ -5,7 +5,7 @@ DRAFT as llama.cpp's `--spec-type draft-dflash`, drafting `draft_num_predict`
 tokens per block. What the Modelfile holds comes from the files themselves:
 the drafter's block size, the target's end-of-generation tokens as llama.cpp
 determines them, and its chat template where an Ollama Go template with the
-same output is known (chat_template.py).
+same output is known (go_template.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..info import DrafterFileError, inspect_drafter
 from ..models import resolve_target
-from .chat_template import derive_ollama_template
+from .go_template import derive_ollama_template
 
 DEFAULT_NUM_CTX = 4096
 

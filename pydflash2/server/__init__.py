@@ -5,4 +5,9 @@ and Prometheus metrics. Run it with `pydflash2 serve` or
 
 Modules: engine (native batch engine binding), scheduler (slots and the step
 loop), metrics (Prometheus), schemas (OpenAI bodies), app (FastAPI routes),
-main (wiring and uvicorn)."""
+main (wiring and uvicorn); steering (grammar, penalties, logit_bias, logprobs
+-> the engine's start() arguments), grammars (GBNF from response_format),
+tools (tool-call formats: parsing and forcing grammars), answers (OpenAI
+answers and streams), logprobs (their shapes), timings (llama-server's
+per-request figures), template_routes (/tokenize, /detokenize,
+/apply-template)."""

@@ -13,7 +13,7 @@ import json
 import os
 import secrets
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import Depends, FastAPI, Request
@@ -21,8 +21,11 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from sse_starlette.sse import EventSourceResponse
 
-from . import schemas
-from .scheduler import Finished, GenerationRequest, QueueFull, Sampling, Scheduler
+from ..chat_template import ChatTemplate
+from . import schemas, steering
+from .answers import Answer
+from .scheduler import Finished, GenerationRequest, Logprobs, QueueFull, Sampling, Scheduler
+from .template_routes import add_template_routes
 
 RETRY_AFTER_S = 1
 DISCONNECT_POLL_S = 0.2
@@ -39,13 +42,23 @@ class ApiError(Exception):
         self.headers = headers
 
 
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """What a request that leaves a field out gets: llama-server's defaults."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+
+
 @dataclass
 class ServerConfig:
-    model_id: str  # the name /v1/models lists and requests must use
-    model_aliases: tuple[str, ...]  # other accepted names (the --model argument as given)
+    model_id: str  # the name /v1/models lists (--alias); requests may name any model, as llama-server takes them
     n_ctx: int  # per request (slot)
     api_key: str | None = None
     max_body_bytes: int = 1 << 20
+    defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
 
 
 @dataclass
@@ -53,8 +66,22 @@ class Tokenizer:
     """What the handlers need from the target's tokenizer."""
 
     raw: Callable[[str], list[int]]  # a completion prompt, as llama-cpp-python tokenizes it
-    chat: Callable[[list[dict[str, Any]]], list[int]]  # messages through the chat template
     n_vocab: int
+    # text, add_special (BOS), parse_special: llama.cpp's tokenizer as llama-server's /tokenize calls it
+    tokenize: Callable[[str, bool, bool], list[int]]
+    piece: Callable[[int], bytes]  # a token's text, special tokens spelled out (llama.cpp's token_to_piece)
+    template: ChatTemplate | None  # the GGUF's chat template
+    vocab: Any  # the llama_vocab * (llama.cpp checks grammars against it)
+
+    def render(self, messages: list[dict[str, Any]], **variables: Any) -> tuple[str, bool]:
+        """A conversation through the chat template: (prompt text, add BOS)."""
+        if self.template is None:
+            raise ValueError("the model has no chat template")
+        return self.template.render(self.template.prepare_messages(messages), **variables)
+
+    def chat(self, messages: list[dict[str, Any]], **variables: Any) -> list[int]:
+        text, add_bos = self.render(messages, **variables)
+        return self.tokenize(text, add_bos, True)
 
 
 def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig) -> FastAPI:
@@ -109,10 +136,24 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
             {"id": config.model_id, "object": "model", "created": schemas.now(), "owned_by": "pydflash2",
              "meta": {"n_ctx": config.n_ctx, "n_slots": scheduler.engine.n_slots}}]})
 
+    features = steering.engine_features(scheduler.engine)
+
+    def steer(body: schemas.CompletionRequest | schemas.ChatCompletionRequest) -> steering.Steering:
+        if body.stream_options is not None and not body.stream:
+            raise ApiError(400, "stream_options: only allowed with stream: true", param="stream_options")
+        try:
+            return steering.build(body, features=features, n_vocab=tokenizer.n_vocab, n_ctx=config.n_ctx,
+                                  vocab=tokenizer.vocab, template=tokenizer.template)
+        except steering.FieldError as e:
+            raise ApiError(400, str(e), param=e.param) from None
+
     @app.post("/v1/completions", dependencies=protected)
     async def completions(request: Request) -> Response:
         body = await _read_body(request, schemas.CompletionRequest, config.max_body_bytes)
-        _check_model(body.model, config)
+        for name, given in (("echo", body.echo), ("suffix", body.suffix is not None),
+                            ("best_of", body.best_of not in (None, 1))):
+            if given:
+                raise ApiError(400, f"{name}: not supported by this server", param=name)
         if isinstance(body.prompt, str):
             tokens = tokenizer.raw(body.prompt)
         elif isinstance(body.prompt[0], str):
@@ -123,39 +164,28 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
             if bad:
                 raise ApiError(400, f"prompt token ids outside the vocabulary (0..{tokenizer.n_vocab - 1}): {bad[:5]}",
                                param="prompt")
-        req = _submit(scheduler, request, body, tokens, config, COMPLETION_DEFAULT_MAX_TOKENS)
-        rid = schemas.new_id("cmpl")
+        st = steer(body)
+        req = _submit(scheduler, request, body, tokens, config, COMPLETION_DEFAULT_MAX_TOKENS, st)
+        answer = Answer(schemas.new_id("cmpl"), config.model_id, body, st, tokenizer.piece)
         if body.stream:
-            return EventSourceResponse(_stream_completion(scheduler, req, rid, config.model_id))
-        done = await _wait(scheduler, request, req)
-        out = schemas.completion(rid, config.model_id, done.text, done.finish_reason,
-                                 schemas.usage(done.prompt_tokens, done.completion_tokens))
-        return JSONResponse(_with_token_ids(out, body, done))
+            return EventSourceResponse(answer.stream_completion(_events(scheduler, req)))
+        return JSONResponse(answer.completion(await _wait(scheduler, request, req)))
 
     @app.post("/v1/chat/completions", dependencies=protected)
     async def chat_completions(request: Request) -> Response:
         body = await _read_body(request, schemas.ChatCompletionRequest, config.max_body_bytes)
-        _check_model(body.model, config)
-        try:
-            tokens = tokenizer.chat([m.as_template_dict() for m in body.messages])
-        except Exception as e:  # the template rejected the conversation (e.g. roles out of order)
-            raise ApiError(400, f"chat template: {e}", param="messages") from None
-        req = _submit(scheduler, request, body, tokens, config, None)
-        rid = schemas.new_id("chatcmpl")
+        st = steer(body)
+        tokens = _chat_tokens(tokenizer, body)
+        req = _submit(scheduler, request, body, tokens, config, None, st)
+        answer = Answer(schemas.new_id("chatcmpl"), config.model_id, body, st, tokenizer.piece)
         if body.stream:
-            return EventSourceResponse(_stream_chat(scheduler, req, rid, config.model_id))
-        done = await _wait(scheduler, request, req)
-        out = schemas.chat_completion(rid, config.model_id, done.text, done.finish_reason,
-                                      schemas.usage(done.prompt_tokens, done.completion_tokens))
-        return JSONResponse(_with_token_ids(out, body, done))
+            return EventSourceResponse(answer.stream_chat(_events(scheduler, req)))
+        return JSONResponse(answer.chat(await _wait(scheduler, request, req)))
 
+    add_template_routes(app, protected, tokenizer,
+                        read_body=lambda request, model: _read_body(request, model, config.max_body_bytes),
+                        bad_request=lambda message, param: ApiError(400, message, param=param))
     return app
-
-
-def _with_token_ids(out: dict[str, Any], body: schemas._Sampling, done: Finished) -> dict[str, Any]:
-    if body.return_token_ids:
-        out["choices"][0]["token_ids"] = done.tokens
-    return out
 
 
 async def _read_body(request: Request, model: type[Body], limit: int) -> Body:
@@ -187,15 +217,16 @@ async def _read_body(request: Request, model: type[Body], limit: int) -> Body:
         raise ApiError(400, f"{param}: {msg}" if param and first["type"] != "missing" else msg, param=param) from None
 
 
-def _check_model(name: str | None, config: ServerConfig) -> None:
-    if name is None or name == config.model_id or name in config.model_aliases:
-        return
-    raise ApiError(404, f"model '{name}' does not exist; this server serves '{config.model_id}'", param="model",
-                   code="model_not_found")
+def _chat_tokens(tokenizer: Tokenizer, body: schemas.ChatCompletionRequest) -> list[int]:
+    """The conversation (tools included) through the chat template."""
+    try:
+        return tokenizer.chat(body.template_messages(), **body.template_variables())
+    except Exception as e:  # the template rejected the conversation (e.g. roles out of order)
+        raise ApiError(400, f"chat template: {e}", param="messages") from None
 
 
 def _submit(scheduler: Scheduler, request: Request, body: schemas._Sampling, tokens: list[int], config: ServerConfig,
-            default_max_tokens: int | None) -> GenerationRequest:
+            default_max_tokens: int | None, steer: steering.Steering) -> GenerationRequest:
     n_ctx = config.n_ctx
     if not tokens:
         raise ApiError(400, "the prompt is empty", param="prompt")
@@ -207,11 +238,17 @@ def _submit(scheduler: Scheduler, request: Request, body: schemas._Sampling, tok
         raise ApiError(400, f"max_tokens ({max_tokens}) exceeds the context of {n_ctx} tokens per request",
                        param="max_tokens")
     seed = body.seed if body.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+    d = config.defaults
+
+    def pick(v: Any, default: Any) -> Any:
+        return default if v is None else v
+
     req = GenerationRequest(
         prompt_tokens=tokens,
-        sampling=Sampling(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
-                          seed=seed % (1 << 64)),
+        sampling=Sampling(temperature=pick(body.temperature, d.temperature), top_p=pick(body.top_p, d.top_p),
+                          top_k=pick(body.top_k, d.top_k), min_p=pick(body.min_p, d.min_p), seed=seed % (1 << 64)),
         max_tokens=max_tokens, stop=body.stop_list(), loop=asyncio.get_running_loop(),
+        engine_options=steer.engine_options,
     )
     try:
         scheduler.submit(req)
@@ -247,7 +284,7 @@ async def _wait(scheduler: Scheduler, request: Request, req: GenerationRequest) 
             return event
 
 
-async def _events(scheduler: Scheduler, req: GenerationRequest) -> AsyncIterator[str | Finished]:
+async def _events(scheduler: Scheduler, req: GenerationRequest) -> AsyncIterator[str | Logprobs | Finished]:
     """A request's events; leaving early (client gone: sse-starlette cancels us) cancels it."""
     finished = False
     try:
@@ -260,36 +297,3 @@ async def _events(scheduler: Scheduler, req: GenerationRequest) -> AsyncIterator
     finally:
         if not finished:
             scheduler.cancel(req)
-
-
-def _sse(obj: dict[str, Any]) -> dict[str, str]:
-    return {"data": json.dumps(obj, separators=(",", ":"))}
-
-
-async def _stream_completion(scheduler: Scheduler, req: GenerationRequest, rid: str,
-                             model: str) -> AsyncIterator[dict[str, str]]:
-    async for event in _events(scheduler, req):
-        if isinstance(event, Finished):
-            if event.finish_reason == "error":
-                yield _sse(schemas.error_body(event.error or "generation failed", "server_error"))
-            else:
-                use = schemas.usage(event.prompt_tokens, event.completion_tokens)
-                yield _sse(schemas.completion(rid, model, "", event.finish_reason, use, chunk=True))
-        else:
-            yield _sse(schemas.completion(rid, model, event, None, None, chunk=True))
-    yield {"data": "[DONE]"}
-
-
-async def _stream_chat(scheduler: Scheduler, req: GenerationRequest, rid: str,
-                       model: str) -> AsyncIterator[dict[str, str]]:
-    yield _sse(schemas.chat_chunk(rid, model, {"role": "assistant", "content": ""}, None))
-    async for event in _events(scheduler, req):
-        if isinstance(event, Finished):
-            if event.finish_reason == "error":
-                yield _sse(schemas.error_body(event.error or "generation failed", "server_error"))
-            else:
-                use = schemas.usage(event.prompt_tokens, event.completion_tokens)
-                yield _sse(schemas.chat_chunk(rid, model, {}, event.finish_reason, use))
-        else:
-            yield _sse(schemas.chat_chunk(rid, model, {"content": event}, None))
-    yield {"data": "[DONE]"}

@@ -4,19 +4,21 @@ Scheduler, and serve the FastAPI app with uvicorn."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 import uvicorn
 from fastapi import FastAPI
 
 from .. import exactness
+from ..chat_template import ChatTemplate
 from ..models import resolve_target
-from ..speculator import chat_prompt_tokens
-from .app import ServerConfig, Tokenizer, create_app
+from .app import SamplingDefaults, ServerConfig, Tokenizer, create_app
 from .engine import BatchEngine
 from .metrics import ServerMetrics
 from .scheduler import Scheduler
@@ -42,6 +44,7 @@ class ServerOptions:
     model_alias: str | None = None
     max_body: int = 1 << 20
     log_level: str = "warning"
+    defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
 
 
 def _exact_flash_attn(opts: ServerOptions) -> bool:
@@ -53,6 +56,17 @@ def _exact_flash_attn(opts: ServerOptions) -> bool:
         if not inv:
             raise RuntimeError(exactness.unavailable_message(inv))
     return exactness.flash_attn_for(opts.n_ctx, opts.exact, opts.flash_attn)
+
+
+def token_piece(vocab: Any, token: int) -> bytes:
+    """A token's text with special tokens spelled out (llama.cpp's common_token_to_piece, as
+    llama-server's /detokenize uses it); llama-cpp-python's own helpers stop at 32 bytes."""
+    buf = ctypes.create_string_buffer(64)
+    n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, True)
+    if n < 0:
+        buf = ctypes.create_string_buffer(-n)
+        n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, True)
+    return buf.raw[:n]
 
 
 def build_app(opts: ServerOptions) -> tuple[FastAPI, BatchEngine, Scheduler]:
@@ -69,14 +83,22 @@ def build_app(opts: ServerOptions) -> tuple[FastAPI, BatchEngine, Scheduler]:
         token_bytes=lambda t: llm.detokenize([t]),
         is_eog=lambda t: bool(llama_cpp.llama_vocab_is_eog(vocab, t)),
     )
+    try:
+        template: ChatTemplate | None = ChatTemplate.of(llm)
+    except ValueError:
+        template = None
     tokenizer = Tokenizer(
         raw=lambda text: llm.tokenize(text.encode("utf-8"), add_bos=True, special=True),
-        chat=lambda messages: chat_prompt_tokens(llm, messages),
         n_vocab=llm.n_vocab(),
+        tokenize=lambda text, add_special, parse_special: llm.tokenize(text.encode("utf-8"), add_bos=add_special,
+                                                                       special=parse_special),
+        piece=lambda t: token_piece(vocab, t),
+        template=template,
+        vocab=vocab,
     )
     model_id = opts.model_alias or Path(model_path).stem
-    config = ServerConfig(model_id=model_id, model_aliases=(str(opts.model), str(model_path)), n_ctx=opts.n_ctx,
-                          api_key=opts.api_key, max_body_bytes=opts.max_body)
+    config = ServerConfig(model_id=model_id, n_ctx=opts.n_ctx, api_key=opts.api_key, max_body_bytes=opts.max_body,
+                          defaults=opts.defaults)
     app = create_app(scheduler, tokenizer, config)
 
     @contextlib.asynccontextmanager

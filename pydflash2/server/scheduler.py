@@ -23,6 +23,7 @@ import numpy as np
 from ..text_stream import TextStream
 from .engine import BatchEngine
 from .metrics import ServerMetrics
+from .timings import RequestClock, timings
 
 log = logging.getLogger("pydflash2.server")
 
@@ -50,6 +51,21 @@ class Finished:
     completion_tokens: int
     error: str | None = None
     tokens: list[int] = field(default_factory=list)  # the completion's token ids
+    timings: dict[str, Any] = field(default_factory=dict)  # llama-server's per-request figures, and speculation's
+    logprobs: list[TokenLogprob] | None = None  # one per token in `tokens`, when asked for
+
+
+# What the engine's take_logprobs(slot) gives per committed token: (token id, its
+# logprob, [(id, logprob) of the top alternatives, best first]), under the target's
+# distribution after its whole sampler chain.
+TokenLogprob = tuple[int, float, list[tuple[int, float]]]
+
+
+@dataclass
+class Logprobs:
+    """An event: the logprobs of the tokens delivered since the last one (streams)."""
+
+    entries: list[TokenLogprob]
 
 
 @dataclass(eq=False)
@@ -61,11 +77,13 @@ class GenerationRequest:
     max_tokens: int
     stop: list[str]
     loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue[str | Finished] = field(default_factory=asyncio.Queue)
+    events: asyncio.Queue[str | Logprobs | Finished] = field(default_factory=asyncio.Queue)
+    # keyword arguments of engine.start() beyond sampling (grammar, penalties, logit_bias, logprobs)
+    engine_options: dict[str, Any] = field(default_factory=dict)
     cancelled: bool = False
     t_arrival: float = field(default_factory=time.perf_counter)
 
-    def emit(self, event: str | Finished) -> None:
+    def emit(self, event: str | Logprobs | Finished) -> None:
         """From the scheduler thread."""
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -79,6 +97,8 @@ class _Active:
     text: TextStream
     tokens: list[int] = field(default_factory=list)
     t_first: float | None = None
+    clock: RequestClock = field(default_factory=RequestClock)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 class Scheduler:
@@ -176,13 +196,15 @@ class Scheduler:
             slot = self._pick_slot(free, req.prompt_tokens)
             s = req.sampling
             try:
+                cached = self.engine.cached_prefix(slot, req.prompt_tokens)
                 self.engine.start(slot, req.prompt_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                  min_p=s.min_p, seed=s.seed)
+                                  min_p=s.min_p, seed=s.seed, **req.engine_options)
             except Exception as e:  # bad parameters the handler did not catch: this request only
                 self._reject(req, str(e))
                 continue
             free.remove(slot)
-            self._active[slot] = _Active(req, TextStream(self._token_bytes, req.stop))
+            self._active[slot] = _Active(req, TextStream(self._token_bytes, req.stop),
+                                         clock=RequestClock(n_prompt=len(req.prompt_tokens), n_cached=cached))
         self.metrics.waiting.set(len(self._waiting))
         self.metrics.running.set(len(self._active))
 
@@ -218,11 +240,20 @@ class Scheduler:
             if committed is None:  # the slot's context is full
                 self._finish(slot, "length")
                 continue
+            if committed:
+                a.clock.commit(len(committed), now)  # the first commit ends the prefill, each later one a verify step
             if committed and a.t_first is None:
                 a.t_first = now
                 self.metrics.ttft.observe(now - a.req.t_arrival)
                 self.metrics.prompt_tokens.inc(len(a.req.prompt_tokens))
+            entries = self.engine.take_logprobs(slot) if committed and "logprobs" in a.req.engine_options else None
+            n_before = len(a.tokens)
             reason = self._deliver(a, committed)
+            if entries is not None:
+                kept = entries[: len(a.tokens) - n_before]  # not the EOS, nor what a stop cut off
+                a.logprobs.extend(kept)
+                if kept:
+                    a.req.emit(Logprobs(kept))
             if reason is not None:
                 self._finish(slot, reason)
         return native_s
@@ -265,7 +296,20 @@ class Scheduler:
             self.metrics.requests.labels(status=reason if reason == "aborted" else "error").inc()
             self.metrics.generation_tokens.inc(n)
         self.metrics.running.set(len(self._active))
-        req.emit(Finished(a.text.text, reason, len(req.prompt_tokens), n, error=error, tokens=a.tokens))
+        req.emit(Finished(a.text.text, reason, len(req.prompt_tokens), n, error=error, tokens=a.tokens,
+                          timings=timings(a.clock, time.perf_counter(), n, self._slot_stats(slot)),
+                          logprobs=a.logprobs if "logprobs" in req.engine_options else None))
+
+    def _slot_stats(self, slot: int) -> dict[str, Any] | None:
+        """The engine's own counters of the slot's last request, where it keeps them."""
+        get = getattr(self.engine, "slot_stats", None)
+        if get is None:
+            return None
+        try:
+            return dict(get(slot))
+        except Exception:  # figures only: the answer goes out without them
+            log.exception("slot_stats(%d)", slot)
+            return None
 
     def debug_state(self) -> dict[str, Any]:
         with self._cond:

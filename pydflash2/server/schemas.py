@@ -19,10 +19,11 @@ class _Sampling(BaseModel):
 
     model: str | None = None
     max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
+    # None: the server's default (llama-server's: 0.8, 0.95, 40, 0.05; `serve --temp/--top-p/--top-k/--min-p`)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = 1
@@ -32,29 +33,29 @@ class _Sampling(BaseModel):
 
     @field_validator("temperature")
     @classmethod
-    def _temperature(cls, v: float) -> float:
-        if not math.isfinite(v) or v < 0:
+    def _temperature(cls, v: float | None) -> float | None:
+        if v is not None and (not math.isfinite(v) or v < 0):
             raise ValueError("temperature must be a finite number >= 0")
         return v
 
     @field_validator("top_p")
     @classmethod
-    def _top_p(cls, v: float) -> float:
-        if not 0 < v <= 1:
+    def _top_p(cls, v: float | None) -> float | None:
+        if v is not None and not 0 < v <= 1:
             raise ValueError("top_p must be in (0, 1]")
         return v
 
     @field_validator("top_k")
     @classmethod
-    def _top_k(cls, v: int) -> int:
-        if v < 0:
+    def _top_k(cls, v: int | None) -> int | None:
+        if v is not None and v < 0:
             raise ValueError("top_k must be >= 0 (0 = off)")
         return v
 
     @field_validator("min_p")
     @classmethod
-    def _min_p(cls, v: float) -> float:
-        if not 0 <= v <= 1:
+    def _min_p(cls, v: float | None) -> float | None:
+        if v is not None and not 0 <= v <= 1:
             raise ValueError("min_p must be in [0, 1]")
         return v
 
@@ -92,8 +93,108 @@ class _Sampling(BaseModel):
         return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
 
 
-class CompletionRequest(_Sampling):
+# ------------------------------------------ constraints, penalties, logprobs, tools (issue 24)
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat top_logprobs; completions' logprobs take the same here
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class _Steering(BaseModel):
+    """Fields that constrain or reshape sampling (what llama-server and
+    llama-cpp-python's server take). Their values are checked here; whether
+    the engine can honour them is checked by the handler (400 naming the field)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    grammar: str | None = None  # GBNF, root rule "root"
+    response_format: dict[str, Any] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repeat_penalty: float | None = None  # llama.cpp's: 1 = off
+    repeat_last_n: int | None = None  # tokens the penalties look back; -1 = the context, 0 = off
+    # OpenAI: {"token id": bias}; llama-server also takes [[token id, bias], ...]
+    logit_bias: dict[str, float] | list[tuple[int, float]] | None = None
+    stream_options: StreamOptions | None = None
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _penalty(cls, v: float | None) -> float | None:
+        if v is not None and not (math.isfinite(v) and -2 <= v <= 2):
+            raise ValueError("must be in [-2, 2]")
+        return v
+
+    @field_validator("repeat_penalty")
+    @classmethod
+    def _repeat_penalty(cls, v: float | None) -> float | None:
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise ValueError("must be a finite number > 0 (1 = off)")
+        return v
+
+    @field_validator("repeat_last_n")
+    @classmethod
+    def _repeat_last_n(cls, v: int | None) -> int | None:
+        if v is not None and v < -1:
+            raise ValueError("must be >= -1 (-1 = the whole context, 0 = off)")
+        return v
+
+    @field_validator("grammar")
+    @classmethod
+    def _grammar(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("the grammar is empty")
+        return v
+
+    def logit_bias_ids(self) -> dict[int, float]:
+        """logit_bias with integer token ids (ValueError on a key that is not one)."""
+        if self.logit_bias is None:
+            return {}
+        items = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        out: dict[int, float] = {}
+        for k, bias in items:
+            try:
+                tok = int(k)
+            except ValueError:
+                raise ValueError(f"key {k!r} is not a token id") from None
+            if not math.isfinite(bias) and bias != -math.inf:
+                raise ValueError(f"bias {bias} for token {tok} is not a number")
+            out[tok] = float(bias)
+        return out
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(..., min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    class Name(BaseModel):
+        model_config = ConfigDict(extra="ignore")
+        name: str
+
+    type: Literal["function"]
+    function: Name
+
+
+class CompletionRequest(_Sampling, _Steering):
     prompt: str | list[str] | list[int] = Field(...)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # top alternatives per token (0: the token's own)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -112,20 +213,58 @@ class ContentPart(BaseModel):
     text: str
 
 
+class ToolCallMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    class Function(BaseModel):
+        model_config = ConfigDict(extra="ignore")
+        name: str
+        arguments: str | dict[str, Any] = "{}"
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: Function
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCallMessage] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's answer: to which call
+    name: str | None = None
 
     def as_template_dict(self) -> dict[str, Any]:
         content = self.content
         if isinstance(content, list):
             content = "".join(p.text for p in content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        for key in ("tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
 
 
-class ChatCompletionRequest(_Sampling):
+class ChatCompletionRequest(_Sampling, _Steering):
     messages: list[ChatMessage] = Field(..., min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [m.as_template_dict() for m in self.messages]
+
+    def template_variables(self) -> dict[str, Any]:
+        """What the chat template reads beside the messages: tools, tool_choice."""
+        if not self.tools:
+            return {}
+        choice = self.tool_choice
+        return {"tools": [t.model_dump(exclude_none=True) for t in self.tools],
+                "tool_choice": choice.model_dump() if isinstance(choice, BaseModel) else choice}
 
 
 # ---------------------------------------------------------------- responses

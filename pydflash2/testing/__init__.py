@@ -57,6 +57,39 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+# ChatML with tools, as Hermes 2 Pro / Qwen2.5 templates write them: the tools'
+# JSON in the system turn, calls as <tool_call>{"name", "arguments"}</tool_call>
+# (arguments a mapping, through tojson), tool answers as <tool_response> turns
+TOOLS_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call functions. Their signatures, in <tools></tools>:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each call, return <tool_call>\\n{\"name\": <function-name>, "
+    "\"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'system' and loop.first %}"
+    "{%- elif message.role == 'assistant' and message.tool_calls %}"
+    "{{- '<|im_start|>assistant' }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for tc in message.tool_calls %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + tc.function.name + '\", \"arguments\": ' }}"
+    "{{- tc.function.arguments | tojson }}{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message.content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
 # Text the tokenizer's merges are learned from; any English will do.
 _CORPUS = (
     "The quick brown fox jumps over the lazy dog. Speculative decoding drafts a block of tokens "
@@ -94,6 +127,7 @@ class TargetSpec:
     # exercised), or, with the EOS id among them, generation ends early
     hot_tokens: tuple[int, ...] = ()
     seed: int = 0
+    chat_template: str = CHATML_TEMPLATE  # or TOOLS_TEMPLATE
 
     @property
     def head_dim(self) -> int:
@@ -203,7 +237,7 @@ def make_target_gguf(path: str | Path, spec: TargetSpec = TargetSpec()) -> Path:
     w.add_bos_token_id(BOS_ID)
     w.add_eos_token_id(EOS_ID)
     w.add_add_bos_token(False)
-    w.add_chat_template(CHATML_TEMPLATE)
+    w.add_chat_template(spec.chat_template)
 
     def mat(rows: int, cols: int, scale: float) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)

@@ -57,18 +57,11 @@ class OllamaTemplate:
 
 
 def render_jinja(chat_template: str, messages: list[Message], bos_token: str = "", eos_token: str = "") -> str:
-    """Renders a Hugging Face chat template the way transformers' apply_chat_template does."""
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    """Renders a Hugging Face chat template as the engine and the server render it (pydflash2.chat_template,
+    llama-cpp-python's formatter, which follows transformers' apply_chat_template)."""
+    from ..chat_template import ChatTemplate
 
-    def raise_exception(message: str) -> None:
-        raise ValueError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.globals["raise_exception"] = raise_exception
-    return env.from_string(chat_template).render(
-        messages=messages, add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token,
-    )
+    return ChatTemplate(chat_template, eos_token, bos_token).render(messages)[0]
 
 
 def derive_ollama_template(chat_template: str, bos_token: str = "", eos_token: str = "") -> OllamaTemplate | None:

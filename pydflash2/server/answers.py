@@ -1,0 +1,159 @@
+"""One request's answer in OpenAI's shapes, whole or streamed: text, tool calls
+read from it (message.tool_calls, or deltas that concatenate to the same
+calls), logprobs, usage (streams: only with stream_options.include_usage, in
+a last chunk with no choices, as OpenAI sends it) and llama-server's
+`timings` (the last chunk of a stream)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import logprobs as logprob_shapes
+from . import schemas, tools
+from .scheduler import Finished, Logprobs
+from .steering import Steering
+
+
+def sse(obj: dict[str, Any]) -> dict[str, str]:
+    return {"data": json.dumps(obj, separators=(",", ":"))}
+
+
+DONE = {"data": "[DONE]"}
+Event = str | Logprobs | Finished
+
+
+@dataclass
+class Answer:
+    rid: str
+    model: str
+    body: schemas.CompletionRequest | schemas.ChatCompletionRequest
+    steer: Steering
+    piece: Callable[[int], bytes]  # a token's text (logprobs)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.body.stream_options and self.body.stream_options.include_usage)
+
+    def _finish_reason(self, done: Finished, calls: list[tools.ToolCall]) -> str:
+        # as llama-server: a finished answer with calls ends for them; one cut by max_tokens stays "length"
+        return "tool_calls" if calls and done.finish_reason == "stop" else done.finish_reason
+
+    def _usage(self, done: Finished) -> dict[str, int]:
+        return schemas.usage(done.prompt_tokens, done.completion_tokens)
+
+    # ------------------------------------------------------------ whole answers
+
+    def completion(self, done: Finished) -> dict[str, Any]:
+        out = schemas.completion(self.rid, self.model, done.text, done.finish_reason, self._usage(done))
+        if done.logprobs is not None and self.steer.logprobs is not None:
+            out["choices"][0]["logprobs"] = logprob_shapes.completion(done.logprobs, self.steer.logprobs, self.piece)
+        return self._extras(out, done)
+
+    def chat(self, done: Finished) -> dict[str, Any]:
+        plan = self.steer.tool_plan
+        content, calls = (tools.split_answer(plan.fmt, set(plan.names), done.text, plan.parallel) if plan
+                          else (done.text, []))
+        out = schemas.chat_completion(self.rid, self.model, content, self._finish_reason(done, calls),
+                                      self._usage(done))
+        if calls:
+            message = out["choices"][0]["message"]
+            message["tool_calls"] = [c.openai(tools.new_call_id()) for c in calls]
+            message["content"] = content or None
+        if done.logprobs is not None and self.steer.logprobs is not None:
+            out["choices"][0]["logprobs"] = logprob_shapes.chat(done.logprobs, self.steer.logprobs, self.piece)
+        return self._extras(out, done)
+
+    def _extras(self, out: dict[str, Any], done: Finished) -> dict[str, Any]:
+        if self.body.return_token_ids:
+            out["choices"][0]["token_ids"] = done.tokens
+        out["timings"] = done.timings
+        return out
+
+    # ------------------------------------------------------------ streams
+
+    def _closing(self, last: dict[str, Any], done: Finished) -> list[dict[str, str]]:
+        """The finishing chunk, the usage chunk when asked for, timings on the last of them."""
+        chunks = [last]
+        if self.include_usage:
+            usage_chunk = dict(last, choices=[], usage=self._usage(done))
+            chunks.append(usage_chunk)
+        chunks[-1] = dict(chunks[-1], timings=done.timings)
+        return [sse(c) for c in chunks] + [DONE]
+
+    def _no_usage(self, chunk: dict[str, Any]) -> dict[str, Any]:
+        # OpenAI: with include_usage every chunk carries "usage": null but the last
+        chunk.pop("usage", None)
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    async def stream_completion(self, events: AsyncIterator[Event]) -> AsyncIterator[dict[str, str]]:
+        offset = 0
+        async for event in events:
+            if isinstance(event, Finished):
+                if event.finish_reason == "error":
+                    yield sse(schemas.error_body(event.error or "generation failed", "server_error"))
+                    yield DONE
+                    return
+                last = self._no_usage(schemas.completion(self.rid, self.model, "", event.finish_reason, None,
+                                                         chunk=True))
+                for c in self._closing(last, event):
+                    yield c
+                return
+            if isinstance(event, Logprobs):
+                if self.steer.logprobs is None:
+                    continue
+                chunk = schemas.completion(self.rid, self.model, "", None, None, chunk=True)
+                lp = logprob_shapes.completion(event.entries, self.steer.logprobs, self.piece, offset)
+                offset += sum(len(t) for t in lp["tokens"])
+                chunk["choices"][0]["logprobs"] = lp
+                yield sse(self._no_usage(chunk))
+            else:
+                yield sse(self._no_usage(schemas.completion(self.rid, self.model, event, None, None, chunk=True)))
+
+    async def stream_chat(self, events: AsyncIterator[Event]) -> AsyncIterator[dict[str, str]]:
+        plan = self.steer.tool_plan
+        splitter = tools.ToolCallStream(plan.fmt, set(plan.names), plan.parallel) if plan else None
+        n_calls = 0
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            return self._no_usage(schemas.chat_chunk(self.rid, self.model, delta, finish))
+
+        def deltas(items: list[str | tools.ToolCall]) -> list[dict[str, Any]]:
+            nonlocal n_calls
+            out = []
+            for x in items:
+                if isinstance(x, str):
+                    out.append(chunk({"content": x}))
+                else:  # a call: its id and name, then its arguments (OpenAI streams them apart)
+                    out.append(chunk({"tool_calls": [{"index": n_calls, "id": tools.new_call_id(), "type": "function",
+                                                      "function": {"name": x.name, "arguments": ""}}]}))
+                    out.append(chunk({"tool_calls": [{"index": n_calls, "function": {"arguments": x.arguments}}]}))
+                    n_calls += 1
+            return out
+
+        yield sse(chunk({"role": "assistant", "content": ""}))
+        async for event in events:
+            if isinstance(event, Finished):
+                if event.finish_reason == "error":
+                    yield sse(schemas.error_body(event.error or "generation failed", "server_error"))
+                    yield DONE
+                    return
+                for c in deltas(splitter.finish() if splitter else []):
+                    yield sse(c)
+                reason = "tool_calls" if n_calls and event.finish_reason == "stop" else event.finish_reason
+                for c in self._closing(chunk({}, reason), event):
+                    yield c
+                return
+            if isinstance(event, Logprobs):
+                if self.steer.logprobs is None:
+                    continue
+                c = chunk({})
+                c["choices"][0]["logprobs"] = logprob_shapes.chat(event.entries, self.steer.logprobs, self.piece)
+                yield sse(c)
+            else:
+                for c in deltas(splitter.push(event) if splitter else [event]):
+                    yield sse(c)

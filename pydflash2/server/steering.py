@@ -1,0 +1,171 @@
+"""What a request asks of the sampler chain beyond temperature and top-k/p:
+grammar (GBNF, response_format, a forced tool call), penalties, logit_bias and
+logprobs, turned into the keyword arguments of the engine's start() (the names
+the engine binding takes: grammar, logit_bias, presence_penalty,
+frequency_penalty, repeat_penalty, repeat_last_n, logprobs).
+
+A field the engine cannot honour is refused (FieldError names it), never
+dropped: which names the engine takes is read from its start() signature.
+Neutral values (penalty 0 or 1, an empty logit_bias, logprobs off) ask for
+nothing and pass on any engine.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from . import grammars, tools
+from .schemas import ChatCompletionRequest, CompletionRequest
+
+ENGINE_OPTIONS = ("grammar", "logit_bias", "presence_penalty", "frequency_penalty", "repeat_penalty",
+                  "repeat_last_n", "logprobs")
+
+
+class FieldError(ValueError):
+    """A request field that is wrong or cannot be honoured here (HTTP 400)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+def engine_features(engine: Any) -> frozenset[str]:
+    """The ENGINE_OPTIONS the engine's start() accepts. Logprobs also need a way
+    back: the engine's take_logprobs(slot)."""
+    params = inspect.signature(engine.start).parameters
+    names = {n for n in ENGINE_OPTIONS if n in params}
+    if "logprobs" in names and not callable(getattr(engine, "take_logprobs", None)):
+        names.discard("logprobs")
+    return frozenset(names)
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """How to read tool calls out of an answer."""
+
+    fmt: tools.ToolCallFormat
+    names: frozenset[str]
+    parallel: bool
+
+
+@dataclass(frozen=True)
+class Steering:
+    engine_options: dict[str, Any]  # extra keyword arguments of engine.start()
+    tool_plan: ToolPlan | None = None
+    logprobs: int | None = None  # top alternatives per token, None: no logprobs
+
+
+def _require(features: frozenset[str], name: str, param: str) -> None:
+    if name not in features:
+        raise FieldError(param, f"this server's engine cannot honour '{param}' yet (no {name} in its sampler chain)")
+
+
+def build(body: CompletionRequest | ChatCompletionRequest, *, features: frozenset[str], n_vocab: int, n_ctx: int,
+          vocab: Any, template: Any = None) -> Steering:
+    """Checks and converts a request's steering fields. template: the chat
+    template (chat requests), for tools."""
+    opts: dict[str, Any] = {}
+    grammar_param: str | None = None
+
+    if body.grammar is not None:
+        opts["grammar"], grammar_param = body.grammar, "grammar"
+    if body.response_format is not None:
+        try:
+            g = grammars.response_format_grammar(body.response_format)
+        except ValueError as e:
+            raise FieldError("response_format", str(e)) from None
+        if g is not None:
+            if grammar_param:  # as llama-server: one or the other
+                raise FieldError("response_format", "give either 'grammar' or a JSON 'response_format', not both")
+            opts["grammar"], grammar_param = g, "response_format"
+
+    plan = None
+    if isinstance(body, ChatCompletionRequest):
+        plan, tool_grammar = _tools(body, template)
+        if tool_grammar is not None:
+            if grammar_param:
+                raise FieldError("tool_choice", f"a forced tool call cannot be combined with '{grammar_param}'")
+            opts["grammar"], grammar_param = tool_grammar, "tool_choice"
+    if grammar_param:
+        _require(features, "grammar", grammar_param)
+        try:
+            grammars.check_grammar(vocab, opts["grammar"])
+        except ValueError as e:
+            raise FieldError(grammar_param, str(e)) from None
+
+    for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repeat_penalty", 1.0)):
+        v = getattr(body, name)
+        if v is not None and v != neutral:
+            _require(features, name, name)
+            opts[name] = v
+    if body.repeat_last_n is not None and any(k in opts for k in ("presence_penalty", "frequency_penalty",
+                                                                    "repeat_penalty")):
+        _require(features, "repeat_last_n", "repeat_last_n")
+        opts["repeat_last_n"] = n_ctx if body.repeat_last_n == -1 else body.repeat_last_n
+
+    try:
+        bias = body.logit_bias_ids()
+    except ValueError as e:
+        raise FieldError("logit_bias", str(e)) from None
+    bad = [t for t in bias if not 0 <= t < n_vocab]
+    if bad:
+        raise FieldError("logit_bias", f"token ids outside the vocabulary (0..{n_vocab - 1}): {bad[:5]}")
+    bias = {t: b for t, b in bias.items() if b != 0}
+    if bias:
+        _require(features, "logit_bias", "logit_bias")
+        opts["logit_bias"] = bias
+
+    n_top = _logprobs(body)
+    if n_top is not None:
+        param = "logprobs"
+        _require(features, "logprobs", param)
+        opts["logprobs"] = max(1, n_top)  # the engine's count: 0 would mean off; the token's own always comes
+    return Steering(opts, plan, n_top)
+
+
+def _logprobs(body: CompletionRequest | ChatCompletionRequest) -> int | None:
+    if isinstance(body, ChatCompletionRequest):
+        if not body.logprobs:
+            if body.top_logprobs:
+                raise FieldError("top_logprobs", "needs logprobs: true")
+            return None
+        return body.top_logprobs or 0
+    return body.logprobs
+
+
+def _tools(body: ChatCompletionRequest, template: Any) -> tuple[ToolPlan | None, str | None]:
+    """The parse plan and the grammar (forced call) for a chat request's tools."""
+    choice = body.tool_choice
+    has_history = any(m.tool_calls for m in body.messages)
+    caps = template.caps if template is not None else None
+    if has_history and (caps is None or not caps.tool_calls):
+        raise FieldError("messages", "the model's chat template does not render assistant tool_calls")
+    if not body.tools:
+        if choice not in (None, "none", "auto"):
+            raise FieldError("tool_choice", "needs 'tools'")
+        return None, None
+    names = [t.function.name for t in body.tools]
+    if len(set(names)) != len(names):
+        raise FieldError("tools", "two tools have the same name")
+    fmt = tools.detect_format(template.source) if template is not None else None
+    if choice == "none":
+        return None, None  # the template still sees the tools; no call is read
+    if caps is None or not caps.tools or fmt is None:
+        raise FieldError("tools", "the model's chat template does not describe tools in a call format this server "
+                                  "parses (Hermes/Qwen <tool_call>, Llama 3.x JSON, Mistral [TOOL_CALLS])")
+    defs = [t.function.model_dump() for t in body.tools]
+    plan = ToolPlan(fmt, frozenset(names), body.parallel_tool_calls)
+    if choice in (None, "auto"):
+        return plan, None  # unconstrained: the parameters' schemas only reach the template
+    if choice != "required":
+        defs = [d for d in defs if d["name"] == choice.function.name]
+        if not defs:
+            raise FieldError("tool_choice", f"no tool named '{choice.function.name}' in 'tools'")
+        plan = ToolPlan(fmt, frozenset([defs[0]["name"]]), False)
+    try:
+        return plan, fmt.grammar(defs, plan.parallel)
+    except Exception as e:  # the converter raises bare exceptions on what it cannot express
+        raise FieldError("tools", f"a forced call's parameters cannot be turned into a grammar: {e}") from None
+
