@@ -68,7 +68,7 @@ def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
 def part(mod: str) -> str:
     """pydflash2.server.app -> server; the package root -> ''; every `python -m` entry point (a
     __main__ module) is a command, at the top like the CLI."""
-    if mod.endswith(".__main__"):
+    if mod.endswith(".__main__") and not mod.startswith(f"pydflash2.{FIXTURES}"):
         return "__main__"
     return mod.split(".")[1] if "." in mod else ""
 
