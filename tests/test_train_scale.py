@@ -153,6 +153,19 @@ def test_ddp_ranks_stop_together_on_a_time_budget(tmp_path: Path, hot_target: Pa
     assert st["step"] == stops[0] and st["elapsed"] >= 3.0
 
 
+def test_a_failure_on_rank_0_stops_every_rank(tmp_path: Path, hot_target: Path) -> None:
+    """Rank 0 refuses a non-empty DIR without --resume: rank 1 hears of it instead of waiting."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "something").write_text("x")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "pydflash2",
+           "train", "--target", str(hot_target), "--out", str(out), *RUN]
+    p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode != 0
+    assert "pass --resume" in p.stderr and "rank 0 failed: FileExistsError" in p.stderr
+    assert sorted(x.name for x in out.iterdir()) == ["something"]
+
+
 def test_a_training_step_stays_on_its_device(tmp_path: Path, hot_target: Path, data_dir: Path) -> None:
     """A step on the meta device: any tensor made on the CPU inside it (a device-less
     torch.arange, a table left behind) shows up as a CPU result."""

@@ -64,6 +64,7 @@ class TrainOptions:
 # decay gamma 7); narrower ones the recipe measured on SmolLM2 here (2 layers, block 8, gamma 4)
 LARGE_TARGET_EMBD = 2048
 ONLINE_VOCAB_SEQS = 64  # online: sequences the draft vocabulary is counted on before training
+ONLINE_VAL_SEQS = 10  # online with the full vocabulary: the first sequences (one held out)
 
 
 def log(msg: str) -> None:
@@ -124,16 +125,17 @@ def dry_run(opts: TrainOptions) -> str:
 
 
 def run(opts: TrainOptions) -> dict:
+    from contextlib import ExitStack
+
     from .parallel import setup
 
     par = setup(opts.train_device)
-    try:
-        return _run(opts, par)
-    finally:
-        par.close()
+    with ExitStack() as cleanup:  # the process group, and on errors the online producer
+        cleanup.callback(par.close)
+        return _run(opts, par, cleanup)
 
 
-def _run(opts: TrainOptions, par) -> dict:  # noqa: ANN001
+def _run(opts: TrainOptions, par, cleanup) -> dict:  # noqa: ANN001
     import torch
 
     from .dataset import Dataset
@@ -177,11 +179,13 @@ def _run(opts: TrainOptions, par) -> dict:  # noqa: ANN001
     if opts.online:
         from .online import OnlineStream
 
-        start = (ONLINE_VOCAB_SEQS + st["step"] * settings.batch_seqs) if st else 0
-        stream = OnlineStream(opts.target, prompts, taps, info.n_embd, n_seq=opts.n_seq, max_new=opts.max_new,
-                              n_threads=opts.threads or None, n_gpu_layers=opts.n_gpu_layers,
-                              queue_size=opts.queue_size, start=start)
-        data = stream.take(ONLINE_VOCAB_SEQS)  # counted for the draft vocabulary; some are held out
+        # the first sequences: the draft vocabulary is counted on them, a tenth is held out
+        n_head = ONLINE_VOCAB_SEQS if 0 < opts.draft_vocab < info.n_vocab else ONLINE_VAL_SEQS
+        start = (n_head + st["step"] * settings.batch_seqs) if st else 0  # resumed: further on in the prompts
+        stream = cleanup.enter_context(OnlineStream(
+            opts.target, prompts, taps, info.n_embd, n_seq=opts.n_seq, max_new=opts.max_new,
+            n_threads=opts.threads or None, n_gpu_layers=opts.n_gpu_layers, queue_size=opts.queue_size, start=start))
+        data = stream.take(n_head)
         n_val = min(settings.val_seqs, len(data) // 10)
         val_ids, warm_ids = data.ids[:n_val], data.ids[n_val:]
     else:
@@ -217,33 +221,29 @@ def _run(opts: TrainOptions, par) -> dict:  # noqa: ANN001
         log(f"drafter: DFlash{'2' if cfg.version == 2 else ''}, {cfg.n_layer} layer(s), {cfg.n_head}/{cfg.n_head_kv} "
             f"heads x {cfg.head_dim}, FFN {cfg.n_ff}, {n_params:,} trainable parameters, block {cfg.block_size}")
     t1 = time.monotonic()
-    try:
-        if stream is not None:
-            from .online import online_batches
+    if stream is not None:
+        from .objective import sample_batch
+        from .online import online_batches
 
-            fresh = online_batches(stream, settings.batch_seqs, settings.anchors, cfg.block_size,
-                                   lambda step: anchor_seed(settings.seed, step))
-            warm = list(warm_ids)
+        fresh = online_batches(stream, settings.batch_seqs, settings.anchors, cfg.block_size,
+                               lambda step: anchor_seed(settings.seed, step))
+        warm = list(warm_ids)
 
-            def batches(step: int):  # noqa: ANN202
-                if warm:  # the vocabulary's sequences past the held-out ones train first
-                    from .objective import sample_batch
+        def batches(step: int):  # noqa: ANN202
+            if warm:  # the first sequences past the held-out ones train first
+                ids = warm[: settings.batch_seqs]
+                del warm[: settings.batch_seqs]
+                return sample_batch(data, None, len(ids), settings.anchors, cfg.block_size, seq_ids=ids,
+                                    anchor_seed=anchor_seed(settings.seed, step))
+            return fresh(step)
 
-                    ids = warm[: settings.batch_seqs]
-                    del warm[: settings.batch_seqs]
-                    return sample_batch(data, None, len(ids), settings.anchors, cfg.block_size, seq_ids=ids,
-                                        anchor_seed=anchor_seed(settings.seed, step))
-                return fresh(step)
-
-            summary = train(model, data, out, settings, par=par, resume=opts.resume, progress=opts.progress,
-                            batches=batches, val_ids=val_ids)
-            summary["online_sequences"] = stream.taken - n_val
-            summary["online_target_tokens"] = stream.completion_tokens
-        else:
-            summary = train(model, data, out, settings, par=par, resume=opts.resume, progress=opts.progress)
-    finally:
-        if stream is not None:
-            stream.close()
+        summary = train(model, data, out, settings, par=par, resume=opts.resume, progress=opts.progress,
+                        batches=batches, val_ids=val_ids)
+        stream.close()  # before the export and the evaluation: the target's context goes
+        summary["online_sequences"] = stream.taken - n_val
+        summary["online_target_tokens"] = stream.completion_tokens
+    else:
+        summary = train(model, data, out, settings, par=par, resume=opts.resume, progress=opts.progress)
     train_s = time.monotonic() - t1
     if par.device.type == "cuda":
         summary["peak_device_mib"] = round(torch.cuda.max_memory_allocated(par.device) / 2**20, 1)
