@@ -17,7 +17,7 @@
 set -euo pipefail
 
 PYTHON=${PYTHON:-python}
-OUT=${1:-${OUT:-/tmp/gpu_train_check}}
+OUT=$(realpath -m "${1:-${OUT:-/tmp/gpu_train_check}}")
 DRY=${GPU_CHECK_DRY:-0}
 cd "$(mktemp -d)"  # away from a source checkout: the installed package (with its native library) runs
 
@@ -27,7 +27,7 @@ if [ "$DRY" = 1 ]; then
   DATA=(--max-prompts 24 --data-minutes 0.5 --max-new 32 --n-seq 8)
   BUDGET=(--max-minutes 0.3 --batch 8)
   EVAL=(--eval-prompts 2 --eval-max-tokens 16)
-  ONLINE=(--max-prompts 24 --max-new 32 --n-seq 8 --max-minutes 0.3 --batch 8 --queue-size 16)
+  ONLINE=(--max-prompts 24 --max-new 32 --n-seq 8 --max-minutes 0.3 --batch 8 --queue-size 16 --draft-vocab 0)
 else
   DEV=(--train-device cuda -ngl 99 --device CUDA0 --threads 4)
   DATA=(--data-minutes 3 --max-new 128 --n-seq 64)
@@ -75,15 +75,17 @@ EOF
 rm -rf "$OUT"
 mkdir -p "$OUT"
 echo "== plan"
-"$PYTHON" -m pydflash2 train --target smollm2 --out "$OUT/offline" --dry-run "${BUDGET[@]}"
+"$PYTHON" -m pydflash2 train --target smollm2 --out "$OUT/offline" --dry-run "${DATA[@]}" "${BUDGET[@]}"
 
 echo "== offline: distil with -ngl, train, export, convert, engine evaluation"
-/usr/bin/env time -f "offline: wall %e s" "$PYTHON" -m pydflash2 train --target smollm2 --out "$OUT/offline" \
+TIMEFORMAT="offline: wall %R s"
+time "$PYTHON" -m pydflash2 train --target smollm2 --out "$OUT/offline" \
   "${DEV[@]}" "${DATA[@]}" "${BUDGET[@]}" "${EVAL[@]}"
 summary "$OUT/offline/summary.json"
 
 echo "== online: the target distils on the device while the drafter trains"
-/usr/bin/env time -f "online: wall %e s" "$PYTHON" -m pydflash2 train --target smollm2 --out "$OUT/online" --online \
+TIMEFORMAT="online: wall %R s"
+time "$PYTHON" -m pydflash2 train --target smollm2 --out "$OUT/online" --online \
   "${DEV[@]}" "${ONLINE[@]}" --eval-prompts 0
 summary "$OUT/online/summary.json"
 

@@ -110,6 +110,7 @@ class OnlineStream:
         self._stop = threading.Event()
         self._sink = SequenceQueue(queue_size, self._stop)
         self._error: BaseException | None = None
+        self._pending: list[StreamSequence] = []  # given back: handed out again before new ones
         start %= len(prompts)
         order = prompts[start:] + prompts[:start]
 
@@ -129,7 +130,8 @@ class OnlineStream:
 
     def take(self, n: int) -> SequenceWindow:
         """The next n sequences (waits for the target to write them)."""
-        seqs: list[StreamSequence] = []
+        seqs = self._pending[:n]
+        del self._pending[:n]
         while len(seqs) < n:
             try:
                 seqs.append(self._sink.queue.get(timeout=0.5))
@@ -142,6 +144,16 @@ class OnlineStream:
         self.taken += n
         self.completion_tokens += window.completion_tokens()
         return window
+
+    def give_back(self, window: SequenceWindow, first_unused: int) -> None:
+        """The latest window's sequences from stream id `first_unused` on were not used: the
+        next take() hands them out again, with the same ids, before any new one."""
+        if len(window) and int(window.ids[-1]) + 1 != self.taken:
+            raise ValueError("only the latest window can be given back")
+        back = [window.seqs[int(i)] for i in window.ids if i >= first_unused]
+        self._pending = back + self._pending
+        self.taken -= len(back)
+        self.completion_tokens -= sum(len(s.tokens) - s.prompt_len for s in back)
 
     def close(self) -> None:
         self._stop.set()

@@ -187,7 +187,8 @@ def _run(opts: TrainOptions, par, cleanup) -> dict:  # noqa: ANN001
             n_threads=opts.threads or None, n_gpu_layers=opts.n_gpu_layers, queue_size=opts.queue_size, start=start))
         data = stream.take(n_head)
         n_val = min(settings.val_seqs, len(data) // 10)
-        val_ids, warm_ids = data.ids[:n_val], data.ids[n_val:]
+        val_ids = data.ids[:n_val]
+        stream.give_back(data, n_val)  # the others are the first to train on
     else:
         if st is None:
             deadline = time.monotonic() + opts.data_minutes * 60 if opts.data_minutes > 0 else None
@@ -199,8 +200,8 @@ def _run(opts: TrainOptions, par, cleanup) -> dict:  # noqa: ANN001
         raise ValueError("distillation produced no sequence")
     data_s = time.monotonic() - t0
     if par.is_main:
-        log(f"data: {len(data)} sequences, {data.completion_tokens()} target tokens "
-            + ("(online: the first ones, for the draft vocabulary and the held-out set)" if opts.online else
+        log(f"data: {len(data)} sequences, {data.completion_tokens()} target tokens"
+            + (" (online: the first ones, for the draft vocabulary and the held-out set)" if opts.online else
                f", {(data_dir / 'features.bin').stat().st_size / 2**20:.0f} MiB of features") + f" ({data_s:.0f} s)")
 
     def configure() -> DrafterConfig:
@@ -222,21 +223,10 @@ def _run(opts: TrainOptions, par, cleanup) -> dict:  # noqa: ANN001
             f"heads x {cfg.head_dim}, FFN {cfg.n_ff}, {n_params:,} trainable parameters, block {cfg.block_size}")
     t1 = time.monotonic()
     if stream is not None:
-        from .objective import sample_batch
         from .online import online_batches
 
-        fresh = online_batches(stream, settings.batch_seqs, settings.anchors, cfg.block_size,
-                               lambda step: anchor_seed(settings.seed, step))
-        warm = list(warm_ids)
-
-        def batches(step: int):  # noqa: ANN202
-            if warm:  # the first sequences past the held-out ones train first
-                ids = warm[: settings.batch_seqs]
-                del warm[: settings.batch_seqs]
-                return sample_batch(data, None, len(ids), settings.anchors, cfg.block_size, seq_ids=ids,
-                                    anchor_seed=anchor_seed(settings.seed, step))
-            return fresh(step)
-
+        batches = online_batches(stream, settings.batch_seqs, settings.anchors, cfg.block_size,
+                                 lambda step: anchor_seed(settings.seed, step))
         summary = train(model, data, out, settings, par=par, resume=opts.resume, progress=opts.progress,
                         batches=batches, val_ids=val_ids)
         stream.close()  # before the export and the evaluation: the target's context goes
