@@ -82,7 +82,7 @@ def sample_batch(data: Dataset, rng: np.random.Generator | None, n_seqs: int, n_
 @dataclass
 class Losses:
     """A step's loss and metrics. Everything but `total` is detached; all stay tensors on the
-    training device, so a step never waits for the device (`values()` reads them once)."""
+    training device, so computing them never waits for the device (`values()` reads them once)."""
 
     total: torch.Tensor
     ce: torch.Tensor
