@@ -21,7 +21,14 @@ Finally the exported drafter runs in pydflash2's engine on --eval-prompts
 held-out prompts (greedy, its whole block drafted every step; --device places
 it): tau and the acceptance at each block position go to the log and to
 summary.json["eval"].
-Several GPUs: torchrun --nproc-per-node N -m pydflash2 train ... (DistributedDataParallel).
+--train-device places the drafter's training (auto: CUDA, else MPS, else the
+CPU; bf16 autocast on CUDA); -ngl offloads the target's layers while it
+distils and in the engine evaluation. --online: the target distils while the
+drafter trains, nothing is stored (one process). --dry-run prints the plan
+(parameters, memory, disk) for any target without training.
+Several processes/GPUs: torchrun --nproc-per-node N -m pydflash2 train ...
+(DistributedDataParallel: gloo on the CPU, nccl on CUDA; --batch is the global
+batch; rank 0 distils, exports and evaluates).
 """
 
 
@@ -31,9 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", required=True, help="target GGUF (or smollm2 for the default target)")
     p.add_argument("--out", required=True, help="output folder DIR")
     p.add_argument("--prompts", help="one prompt per line (default: the 2,000+ built-in training prompts)")
-    p.add_argument("--layers", type=int, default=1, help="drafter layers (default 1)")
+    p.add_argument("--layers", type=int, default=0,
+                   help="drafter layers (default: 5 for targets with H >= 2048, as published drafters; else 2)")
     p.add_argument("--taps", type=int, default=5, help="target layers whose features the drafter reads (default 5)")
-    p.add_argument("--block-size", type=int, default=8, help="block size: anchor + up to B-1 drafts (default 8)")
+    p.add_argument("--block-size", type=int, default=0,
+                   help="block size: anchor + up to B-1 drafts (default: 16 for targets with H >= 2048; else 8)")
     p.add_argument("--draft-vocab", type=int, default=8192,
                    help="reduced draft vocabulary: the V most frequent target tokens (0: full vocabulary)")
     p.add_argument("--max-minutes", type=float, default=30.0, help="training time budget (default 30)")
@@ -46,11 +55,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--version", type=int, choices=[1, 2], default=2, help="2: DFlash2 (default), 1: DFlash")
     p.add_argument("--rank", type=int, default=32, help="selector rank (default 32)")
     p.add_argument("--top-k", type=int, default=16, help="selector candidates per position (default 16)")
-    p.add_argument("--ffn", type=int, default=0, help="drafter FFN width (default: 8/3 of the hidden size)")
+    p.add_argument("--n-head", type=int, default=0, help="drafter query heads (default: the target's)")
+    p.add_argument("--n-head-kv", type=int, default=0, help="drafter KV heads (default: the target's)")
+    p.add_argument("--ffn", type=int, default=0, help="drafter FFN width (default: the target's)")
     p.add_argument("--batch", type=int, default=8, help="sequences per step (default 8)")
     p.add_argument("--anchors", type=int, default=24, help="anchors per sequence (default 24)")
     p.add_argument("--lr", type=float, default=1.5e-3)
-    p.add_argument("--gamma", type=float, default=4.0, help="loss decay over block positions (0: none)")
+    p.add_argument("--gamma", type=float, default=None,
+                   help="loss decay over block positions (0: none; default 7 for block 16 and up, else 4)")
     p.add_argument("--outtype", choices=["f32", "f16", "bf16", "q8_0"], default="q8_0",
                    help="GGUF weight type (default q8_0)")
     p.add_argument("--checkpoint-minutes", type=float, default=5.0)
@@ -58,11 +70,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="threads for llama.cpp and torch (default: theirs; on a busy machine 1 can be much faster)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue the run in DIR")
+    p.add_argument("--train-device", default="auto",
+                   help="torch device for training: auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N, mps")
+    p.add_argument("--online", action="store_true",
+                   help="distil while training: the target's sequences go straight to the trainer, none to disk")
+    p.add_argument("--queue-size", type=int, default=64, help="--online: finished sequences held for the trainer")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the drafter's shape, parameters, memory and disk for this target; train nothing")
     p.add_argument("--eval-prompts", type=int, default=8,
                    help="held-out prompts to measure the exported drafter on in the engine (default 8; 0: skip)")
     p.add_argument("--eval-max-tokens", type=int, default=64, help="tokens per evaluation prompt (default 64)")
     p.add_argument("--eval-file", help="prompts for that evaluation, one per line (default: the built-in dev prompts)")
-    add_device_args(p, target_layers=False)
+    add_device_args(p)
     p.set_defaults(run=run)
 
 
@@ -82,19 +101,33 @@ def run(args: argparse.Namespace) -> int:
     prompts = Path(args.prompts) if args.prompts else TRAIN_FILE
     if not prompts.is_file():
         raise CliError(f"--prompts: {prompts} not found")
-    for name in ("layers", "taps", "block_size", "rank", "top_k", "batch", "anchors", "eval_max_tokens"):
-        if getattr(args, name) < 1 or (name == "block_size" and args.block_size < 2):
-            raise CliError(f"--{name.replace('_', '-')} must be {'>= 2' if name == 'block_size' else '>= 1'}")
+    for name in ("taps", "rank", "top_k", "batch", "anchors", "eval_max_tokens", "queue_size"):
+        if getattr(args, name) < 1:
+            raise CliError(f"--{name.replace('_', '-')} must be >= 1")
+    for name in ("layers", "n_head", "n_head_kv", "ffn"):  # 0: from the target
+        if getattr(args, name) < 0:
+            raise CliError(f"--{name.replace('_', '-')} must be >= 1 (or 0: from the target)")
+    if args.block_size == 1 or args.block_size < 0:
+        raise CliError("--block-size must be >= 2")
+    try:
+        from ..train.parallel import resolve_device
+
+        if not args.dry_run:
+            resolve_device(args.train_device)  # an unusable --train-device fails now, not after distillation
+    except ValueError as e:
+        raise CliError(str(e)) from None
     if args.eval_prompts < 0:
         raise CliError("--eval-prompts must be >= 0")
     eval_file = Path(args.eval_file) if args.eval_file else None
     if eval_file is not None and not eval_file.is_file():
         raise CliError(f"--eval-file: {eval_file} not found")
-    if args.eval_prompts > 0:
-        setup_devices(args)  # an unknown --device fails now, not after training
+    if args.eval_prompts > 0 or args.n_gpu_layers:
+        setup_devices(args)  # an unknown --device fails now, not after training; RPC servers before the target
     opts = TrainOptions(
         target=target, out=Path(args.out), prompts=prompts, layers=args.layers, taps=args.taps,
         block_size=args.block_size, draft_vocab=args.draft_vocab, version=args.version, n_ff=args.ffn,
+        n_head=args.n_head, n_head_kv=args.n_head_kv, n_gpu_layers=args.n_gpu_layers,
+        train_device=args.train_device, online=args.online, queue_size=args.queue_size,
         selector_rank=args.rank, selector_top_k=args.top_k, outtype=args.outtype, max_prompts=args.max_prompts,
         max_new=args.max_new, n_seq=args.n_seq, data_minutes=args.data_minutes, resume=args.resume,
         threads=args.threads, eval_prompts=args.eval_prompts, eval_max_tokens=args.eval_max_tokens,
@@ -104,6 +137,11 @@ def run(args: argparse.Namespace) -> int:
                   "checkpoint_minutes": args.checkpoint_minutes, "seed": args.seed, "threads": args.threads},
     )
     try:
+        if args.dry_run:
+            from ..train.pipeline import dry_run
+
+            print(dry_run(opts))
+            return 0
         run_pipeline(opts)
     except (FileExistsError, ValueError) as e:
         raise CliError(str(e)) from None

@@ -30,6 +30,12 @@ FEATURE_DTYPE = np.float16
 TOKEN_DTYPE = np.int32
 
 
+def feature_rows(features: np.ndarray) -> np.ndarray:
+    """Features as the dataset keeps them (and online mode hands them over): float16, clipped
+    into its range, since some targets' residual streams carry outliers near it."""
+    return np.clip(np.asarray(features, dtype=np.float32), -65000.0, 65000.0).astype(FEATURE_DTYPE)
+
+
 class DatasetError(Exception):
     """The directory is not a dataset this target/tap set can use."""
 
@@ -81,8 +87,7 @@ class DatasetWriter:
 
     def add(self, prompt: int, tokens: np.ndarray, features: np.ndarray, prompt_len: int) -> None:
         tokens = np.asarray(tokens, dtype=TOKEN_DTYPE)
-        # clip into float16's range: some targets' residual streams carry outliers near it
-        features = np.clip(np.asarray(features, dtype=np.float32), -65000.0, 65000.0).astype(FEATURE_DTYPE)
+        features = feature_rows(features)
         if features.shape != (len(tokens), self.width):
             raise ValueError(f"features must be [{len(tokens)}, {self.width}], got {list(features.shape)}")
         self._tokens.write(tokens.tobytes())
@@ -111,13 +116,17 @@ def _read_index(path: Path) -> list[Sequence]:
     if not index.exists():
         return []
     out = []
-    for line in index.read_text().splitlines():
+    text = index.read_text()
+    for line in text.splitlines():
         try:
             out.append(Sequence(**json.loads(line)))
         except (ValueError, TypeError):
             break  # a torn last line from an interrupted run
-    # rewrite without the torn tail, so appends start on a clean line
-    index.write_text("".join(json.dumps(s.__dict__) + "\n" for s in out))
+    # rewrite without the torn tail, so appends start on a clean line; only then: readers on
+    # several ranks open the same index at once
+    clean = "".join(json.dumps(s.__dict__) + "\n" for s in out)
+    if clean != text:
+        index.write_text(clean)
     return out
 
 

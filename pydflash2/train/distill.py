@@ -18,8 +18,10 @@ a llama target), so the dataset is the same whichever path made it.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 from tqdm import tqdm
@@ -27,6 +29,22 @@ from tqdm import tqdm
 from .. import capture as feature_capture
 from ..llama_ext import LlamaError, ext, silence_logs
 from .dataset import DatasetWriter
+
+
+class SequenceSink(Protocol):
+    """Where finished sequences go: a DatasetWriter (offline) or the online queue (online.py)."""
+
+    @property
+    def done_prompts(self) -> set[int]: ...
+
+    def add(self, prompt: int, tokens: np.ndarray, features: np.ndarray, prompt_len: int) -> None: ...
+
+
+def default_threads(offloaded: bool) -> int:
+    """llama-cpp-python's default, half the logical CPUs, while layers run on the CPU; with
+    every layer offloaded the CPU only schedules, so a few threads do."""
+    half = max(1, (os.cpu_count() or 2) // 2)
+    return min(half, 4) if offloaded else half
 
 
 def target_fingerprint(path: str | Path) -> str:
@@ -69,9 +87,7 @@ class Distiller:
     """One llama.cpp context on the target with layer-input capture (taps or callback)."""
 
     def __init__(self, target: str | Path, target_layer_ids: list[int], *, n_seq: int = 8, max_len: int = 512,
-                 n_threads: int | None = None) -> None:
-        import os
-
+                 n_threads: int | None = None, n_gpu_layers: int = 0) -> None:
         import llama_cpp
         from llama_cpp import llama_cpp as lc
 
@@ -82,7 +98,7 @@ class Distiller:
         self.layer_ids = list(target_layer_ids)
         self.n_seq, self.max_len = n_seq, max_len
         mp = lc.llama_model_default_params()
-        mp.n_gpu_layers = 0
+        mp.n_gpu_layers = n_gpu_layers
         self.model = lc.llama_model_load_from_file(str(target).encode(), mp)
         if not self.model:
             raise LlamaError(f"cannot load target {target}")
@@ -107,7 +123,7 @@ class Distiller:
         cp.n_batch = cp.n_ubatch = max(512, n_seq * 4)
         cp.n_seq_max = n_seq
         cp.kv_unified = True
-        cp.n_threads = cp.n_threads_batch = n_threads or max(1, min(4, os.cpu_count() or 1))
+        cp.n_threads = cp.n_threads_batch = n_threads or default_threads(n_gpu_layers > n_layer)
         self.n_batch = int(cp.n_batch)
         if self.path == "callback":
             self.capture = feature_capture.CallbackCapture()
@@ -186,7 +202,7 @@ class Distiller:
                 greedy[i] = int(np.argmax(logits))
         return feats, greedy
 
-    def run(self, prompts: list[str], writer: DatasetWriter, *, max_new: int = 128, progress: bool | None = None,
+    def run(self, prompts: list[str], writer: SequenceSink, *, max_new: int = 128, progress: bool | None = None,
             deadline: float | None = None) -> int:
         """Generates every prompt not in the dataset yet; returns the number written."""
         import time
@@ -255,7 +271,7 @@ class Distiller:
 
 def distill(target: str | Path, prompts: list[str], out: str | Path, target_layer_ids: list[int], *,
             n_seq: int = 8, max_new: int = 128, n_threads: int | None = None, progress: bool | None = None,
-            deadline: float | None = None) -> Path:
+            deadline: float | None = None, n_gpu_layers: int = 0) -> Path:
     """Fills (or resumes) the dataset at `out` from `prompts`."""
     import gguf
 
@@ -273,7 +289,8 @@ def distill(target: str | Path, prompts: list[str], out: str | Path, target_laye
     }
     del r
     with DatasetWriter(out, meta) as writer, Distiller(target, target_layer_ids, n_seq=n_seq,
-                                                       max_len=512 + max_new, n_threads=n_threads) as d:
+                                                       max_len=512 + max_new, n_threads=n_threads,
+                                                       n_gpu_layers=n_gpu_layers) as d:
         d.run(prompts, writer, max_new=max_new, progress=progress, deadline=deadline)
     return Path(out)
 

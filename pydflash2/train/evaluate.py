@@ -19,7 +19,7 @@ import numpy as np
 
 def evaluate_drafter(target: str | os.PathLike[str], drafter: str | os.PathLike[str], prompts: list[str], *,
                      max_tokens: int = 64, device: str | None = "auto", n_threads: int | None = None,
-                     n_ctx: int = 2048, chat: bool = True) -> dict[str, Any]:
+                     n_ctx: int = 2048, chat: bool = True, n_gpu_layers: int = 0) -> dict[str, Any]:
     """Greedy generations of `prompts` with the drafter; τ and acceptance per block position.
 
     Returns {"prompts", "max_tokens", "device", "n_max", "tau", "target_forwards", "completion_tokens",
@@ -35,7 +35,7 @@ def evaluate_drafter(target: str | os.PathLike[str], drafter: str | os.PathLike[
     stats: list[dict[str, Any]] = []
     tokens: list[list[int]] = []
     with Speculator(os.fspath(target), drafter, n_ctx=n_ctx, n_threads=n_threads, n_max=n_max,
-                    device=device) as spec:
+                    device=device, n_gpu_layers=n_gpu_layers) as spec:
         assert spec.drafter is not None
         placed = spec.drafter.device
         for prompt in prompts:

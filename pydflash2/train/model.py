@@ -189,7 +189,7 @@ class CandidateSelector(nn.Module):
 
 
 class DFlash2Drafter(nn.Module):
-    def __init__(self, c: DrafterConfig, embed: np.ndarray, head: np.ndarray) -> None:
+    def __init__(self, c: DrafterConfig, embed: np.ndarray | torch.Tensor, head: np.ndarray | torch.Tensor) -> None:
         super().__init__()
         self.config = c
         n_tl = len(c.target_layer_ids)
@@ -200,12 +200,15 @@ class DFlash2Drafter(nn.Module):
         if c.version == 2:
             self.candidate_selector = CandidateSelector(c)
         # frozen target tables: buffers, not parameters, and not in the checkpoint
-        self.register_buffer("embed", torch.from_numpy(np.array(embed, dtype=np.float32)),
-                             persistent=False)
         draft_ids = np.asarray(c.draft_ids or range(c.n_vocab), dtype=np.int64)
+        if isinstance(head, torch.Tensor):  # meta tables: a shape-only model (the dry run's count)
+            emb_t, rows = embed, head.index_select(0, torch.from_numpy(draft_ids).to(head.device))
+        else:
+            emb_t = torch.from_numpy(np.array(embed, dtype=np.float32))
+            rows = torch.from_numpy(np.array(head[draft_ids], dtype=np.float32))
+        self.register_buffer("embed", emb_t, persistent=False)
         self.register_buffer("draft_ids", torch.from_numpy(draft_ids), persistent=False)
-        self.register_buffer("head_rows", torch.from_numpy(np.array(head[draft_ids], dtype=np.float32)),
-                             persistent=False)
+        self.register_buffer("head_rows", rows, persistent=False)
         t2d = np.full(c.n_vocab, -100, dtype=np.int64)  # -100: outside the draft vocabulary
         t2d[draft_ids] = np.arange(len(draft_ids))
         self.register_buffer("t2d", torch.from_numpy(t2d), persistent=False)

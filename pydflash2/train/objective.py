@@ -11,7 +11,8 @@ target itself chose greedily.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -23,17 +24,25 @@ from .model import DFlash2Drafter
 
 @dataclass
 class Batch:
-    feats: torch.Tensor  # [B, Lc, width] float32
+    feats: torch.Tensor  # [B, Lc, width] float16 as sampled (half the bytes to copy), float32 once on the device
     ctx_valid: torch.Tensor  # [B, Lc] bool
     anchor_pos: torch.Tensor  # [B, A] long
     anchor_tok: torch.Tensor  # [B, A] long
     labels: torch.Tensor  # [B, A, n] target ids of t_{p+k} (k = 0 unused), -100 past the end
     anchor_valid: torch.Tensor  # [B, A] bool
 
+    def to(self, device: torch.device) -> Batch:
+        """Every field on `device`; the f16 features are upcast to float32 there."""
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self)}
+        moved["feats"] = moved["feats"].float()
+        return Batch(**moved)
 
-def sample_batch(data: Dataset, rng: np.random.Generator, n_seqs: int, n_anchors: int, block: int,
-                 seq_ids: np.ndarray | None = None) -> Batch:
-    """n_seqs random sequences (or seq_ids), up to n_anchors random anchors each."""
+
+def sample_batch(data: Dataset, rng: np.random.Generator | None, n_seqs: int, n_anchors: int, block: int,
+                 seq_ids: np.ndarray | None = None, anchor_seed: int | None = None) -> Batch:
+    """n_seqs random sequences (or seq_ids), up to n_anchors random anchors each.
+    anchor_seed: each sequence's anchors come from its own generator, seeded by
+    (anchor_seed, sequence id), so they do not depend on which rank samples it."""
     ids = seq_ids if seq_ids is not None else rng.choice(len(data), size=min(n_seqs, len(data)), replace=False)
     picked = []
     for i in ids:
@@ -42,7 +51,8 @@ def sample_batch(data: Dataset, rng: np.random.Generator, n_seqs: int, n_anchors
         if hi < lo:
             continue
         cands = np.arange(lo, hi + 1)
-        anchors = np.sort(rng.choice(cands, size=min(n_anchors, len(cands)), replace=False))
+        r = rng if anchor_seed is None else np.random.default_rng((anchor_seed, int(i)))
+        anchors = np.sort(r.choice(cands, size=min(n_anchors, len(cands)), replace=False))
         picked.append((np.asarray(tokens, dtype=np.int64), feats, anchors))
     if not picked:
         raise ValueError("no sequence has a continuation of 2 tokens or more")
@@ -50,7 +60,7 @@ def sample_batch(data: Dataset, rng: np.random.Generator, n_seqs: int, n_anchors
     Lc = max(int(a[-1]) for _, _, a in picked)  # context rows needed: positions < max anchor
     Lc = max(Lc, 1)
     A = max(len(a) for _, _, a in picked)
-    feats = np.zeros((B, Lc, data.width), dtype=np.float32)
+    feats = np.zeros((B, Lc, data.width), dtype=np.float16)
     valid = np.zeros((B, Lc), dtype=bool)
     apos = np.zeros((B, A), dtype=np.int64)
     atok = np.zeros((B, A), dtype=np.int64)
@@ -71,39 +81,57 @@ def sample_batch(data: Dataset, rng: np.random.Generator, n_seqs: int, n_anchors
 
 @dataclass
 class Losses:
+    """A step's loss and metrics. Everything but `total` is detached; all stay tensors on the
+    training device, so computing them never waits for the device (`values()` reads them once)."""
+
     total: torch.Tensor
-    ce: float
-    selector: float
-    acc: list[float]  # top-1 accuracy of the unary logits per block position 1..n-1
-    sel_acc: float  # selector picks the true token given the true predecessor (when among candidates)
+    ce: torch.Tensor
+    selector: torch.Tensor
+    acc: torch.Tensor  # [n-1] top-1 accuracy of the unary logits per block position 1..n-1
+    sel_acc: torch.Tensor  # selector picks the true token given the true predecessor (when among candidates)
     # per block position: the greedy walk's pick (DFlash2: best candidate score given the true
     # predecessor; DFlash: the unary top-1) is the true token. This, not `acc`, is what the
     # engine's acceptance follows: the selector often corrects the unary top-1.
-    walk_acc: list[float]
+    walk_acc: torch.Tensor  # [n-1]
+
+    def values(self) -> dict:
+        """Plain numbers: {"total", "ce", "selector", "sel_acc": float, "acc", "walk_acc": list}."""
+        n = self.acc.numel()
+        flat = torch.cat([torch.stack([self.total.detach(), self.ce, self.selector, self.sel_acc]).float(),
+                          self.acc.float(), self.walk_acc.float()]).tolist()
+        return {"total": flat[0], "ce": flat[1], "selector": flat[2], "sel_acc": flat[3], "acc": flat[4 : 4 + n],
+                "walk_acc": flat[4 + n :]}
 
 
 def compute_losses(model: DFlash2Drafter, batch: Batch, *, gamma: float = 4.0, selector_weight: float = 1.0,
-                   forward: torch.nn.Module | None = None) -> Losses:
-    """forward: what runs the model (a DistributedDataParallel wrapper under torchrun)."""
+                   global_sum: Callable[[torch.Tensor], torch.Tensor] | None = None, ranks: int = 1) -> Losses:
+    """The batch goes to the model's device first. global_sum/ranks (DistributedDataParallel): each
+    rank's loss is normalised by the weights of the whole global batch (global_sum adds a number up
+    over the ranks), so the average of the ranks' gradients is one process's gradient on that batch."""
     c = model.config
+    batch = batch.to(model.embed.device)
     n = batch.labels.shape[-1]
-    hidden, logits = (forward or model)(batch.feats, batch.ctx_valid, batch.anchor_pos, batch.anchor_tok, n)
+
+    def norm(x: torch.Tensor, floor: float) -> torch.Tensor:  # x's global total, per rank
+        return (x if global_sum is None else global_sum(x)).clamp(min=floor) / ranks
+
+    hidden, logits = model(batch.feats, batch.ctx_valid, batch.anchor_pos, batch.anchor_tok, n)
     lab = batch.labels[..., 1:]  # [B, A, n-1] target ids
     lab_d = torch.where(lab >= 0, model.t2d[lab.clamp(min=0)], torch.full_like(lab, -100))
     lg = logits[..., 1:, :]
-    k = torch.arange(1, n, dtype=torch.float32)
+    k = torch.arange(1, n, dtype=torch.float32, device=lg.device)
     w = torch.exp(-(k - 1) / gamma) if gamma > 0 else torch.ones_like(k)
-    ce = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), lab_d.reshape(-1), reduction="none").view(lab.shape)
+    ce = F.cross_entropy(lg.reshape(-1, lg.shape[-1]).float(), lab_d.reshape(-1), reduction="none").view(lab.shape)
     has = (lab >= 0).float()  # tokens outside the draft vocabulary count as misses, not as loss
     in_vocab = (lab_d >= 0).float()
-    wsum = (w * has).sum().clamp(min=1.0)
-    ce_loss = (ce * in_vocab * w).sum() / wsum
+    ce_loss = (ce * in_vocab * w).sum() / norm((w * has).sum(), 1.0)
     with torch.no_grad():
-        pred = lg.argmax(-1)
-        hit = ((pred == lab_d) & (lab_d >= 0)).float()
-        acc = [(hit[..., i] * has[..., i]).sum().item() / max(1.0, has[..., i].sum().item()) for i in range(n - 1)]
+        n_has = has.flatten(0, -2).sum(0).clamp(min=1.0)  # [n-1]
+        hit = ((lg.argmax(-1) == lab_d) & (lab_d >= 0)).float()
+        acc = (hit * has).flatten(0, -2).sum(0) / n_has
     total = ce_loss
-    sel_loss_v, sel_acc, walk_acc = 0.0, 0.0, acc
+    zero = torch.zeros((), device=lg.device)
+    sel_loss, sel_acc, walk_acc = zero, zero, acc
     if c.version == 2:
         kk = min(c.selector_top_k, lg.shape[-1])
         with torch.no_grad():
@@ -111,21 +139,19 @@ def compute_losses(model: DFlash2Drafter, batch: Batch, *, gamma: float = 4.0, s
             cand = model.draft_ids[cidx]  # target ids [B, A, n-1, k]
             prev = torch.cat([batch.anchor_tok[..., None], batch.labels[..., 1:-1]], dim=-1).clamp(min=0)
             target = (cand == lab[..., None]).float()
-            present = (target.sum(-1) > 0) & (lab >= 0)
+            present = ((target.sum(-1) > 0) & (lab >= 0)).float()
+            tgt = target.argmax(-1)
         scores = model.candidate_selector.scores(unary, cand, hidden[..., 1:, :].detach(), prev)
         with torch.no_grad():
             pick = cand.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
-            walk_hit = (pick == lab).float() * has
-            walk_acc = [walk_hit[..., i].sum().item() / max(1.0, has[..., i].sum().item()) for i in range(n - 1)]
-        if present.any():
-            s = scores[present]
-            tgt = target[present].argmax(-1)
-            wp = w.expand_as(lab)[present]
-            sel_loss = (F.cross_entropy(s, tgt, reduction="none") * wp).sum() / wp.sum()
-            total = total + selector_weight * sel_loss
-            sel_loss_v = float(sel_loss.item())
-            sel_acc = float((s.argmax(-1) == tgt).float().mean().item())
-    return Losses(total, float(ce_loss.item()), sel_loss_v, acc, sel_acc, walk_acc)
+            walk_acc = ((pick == lab).float() * has).flatten(0, -2).sum(0) / n_has
+            sel_acc = ((scores.argmax(-1) == tgt).float() * present).sum() / present.sum().clamp(min=1.0)
+        # masked, not indexed: every rank runs the same graph whether or not a gold token is present
+        wp = w * present
+        sel_ce = F.cross_entropy(scores.reshape(-1, kk).float(), tgt.reshape(-1), reduction="none").view(lab.shape)
+        sel_loss = (sel_ce * wp).sum() / norm(wp.sum(), 1e-12)
+        total = total + selector_weight * sel_loss
+    return Losses(total, ce_loss.detach(), sel_loss.detach(), acc, sel_acc, walk_acc)
 
 
 def expected_tau(acc: list[float]) -> float:

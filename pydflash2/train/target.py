@@ -19,6 +19,10 @@ class TargetInfo:
     n_embd: int
     n_layer: int
     n_vocab: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
     rope_theta: float
     rms_eps: float
     mask_token_id: int
@@ -36,18 +40,32 @@ def read_target(path: str | Path) -> TargetInfo:
     arch = _field(r, "general.architecture")
     tokens = _field(r, "tokenizer.ggml.tokens")
     mask = pick_mask_token(r)
+    n_embd = int(_field(r, f"{arch}.embedding_length"))
+    n_head = _per_layer(_field(r, f"{arch}.attention.head_count", 1))
     return TargetInfo(
         path=Path(path),
         arch=arch,
-        n_embd=int(_field(r, f"{arch}.embedding_length")),
+        n_embd=n_embd,
         n_layer=int(_field(r, f"{arch}.block_count")),
         n_vocab=len(tokens),
+        n_head=n_head,
+        n_head_kv=_per_layer(_field(r, f"{arch}.attention.head_count_kv", n_head)),
+        head_dim=int(_field(r, f"{arch}.attention.key_length", n_embd // n_head)),
+        n_ff=_per_layer(_field(r, f"{arch}.feed_forward_length", 0)),
         rope_theta=float(_field(r, f"{arch}.rope.freq_base", 10000.0)),
         rms_eps=float(_field(r, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         mask_token_id=mask,
         mask_token=tokens[mask],
         eos_token_id=int(_field(r, "tokenizer.ggml.eos_token_id", 0)),
     )
+
+
+def _per_layer(v) -> int:  # noqa: ANN001
+    """A shape key that some architectures store per layer: its most common value."""
+    if isinstance(v, list):
+        vals = [int(x) for x in v if int(x) > 0]
+        return max(set(vals), key=vals.count) if vals else 0
+    return int(v)
 
 
 def pick_mask_token(r: gguf.GGUFReader) -> int:
