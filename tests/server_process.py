@@ -36,21 +36,28 @@ def free_port() -> int:
 
 class ServerProcess:
     """Starts the server (from `cwd`, so that the installed package is imported)
-    and waits until /health answers."""
+    and waits until /health answers 200 (unless wait=False). env: added to this
+    process's environment; scheme: "https" for a server given a certificate."""
 
-    def __init__(self, args: list[str], cwd: Path, timeout: float = 120.0) -> None:
+    def __init__(self, args: list[str], cwd: Path, timeout: float = 120.0, env: dict[str, str] | None = None,
+                 wait: bool = True, scheme: str = "http", verify: str | bool = True) -> None:
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
         self.log_path = cwd / f"server-{self.port}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen([sys.executable, "-m", "pydflash2.server", "--port", str(self.port), *args],
-                                     cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT)
+                                     cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
+        if wait:
+            self.wait_ready(timeout, verify)
+
+    def wait_ready(self, timeout: float = 120.0, verify: str | bool = True) -> None:
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
+                if httpx.get(self.url + "/health", timeout=1.0, verify=verify).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

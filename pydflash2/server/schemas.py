@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .validation import Int32, NonNegativeInt32
+
 MAX_STOP = 4
 
 
@@ -18,14 +20,14 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: Int32 | None = None
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = 0
+    top_k: NonNegativeInt32 = 0
     min_p: float = 0.0
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int = 1
+    n: Int32 = 1
     stream: bool = False
     # extension (as vLLM's): the completion's token ids in choices[0].token_ids (non-streamed answers)
     return_token_ids: bool = False
