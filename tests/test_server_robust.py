@@ -507,7 +507,9 @@ def test_sigterm_drains_live_streams_and_exits_0(models: dict[str, Path], workdi
             started.abort()
 
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+    kept_alive = httpx.Client(timeout=30)
     try:
+        assert kept_alive.get(s.url + "/health").status_code == 200  # a connection open before the signal
         for t in threads:
             t.start()
         started.wait(timeout=60)
@@ -515,10 +517,13 @@ def test_sigterm_drains_live_streams_and_exits_0(models: dict[str, Path], workdi
         time.sleep(0.3)
         with pytest.raises(httpx.TransportError):  # no longer listening
             httpx.get(s.url + "/health", timeout=5)
+        late = kept_alive.post(s.url + "/v1/completions", json={"prompt": "late", "max_tokens": 2})
+        assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down", late.text
         for t in threads:
             t.join(timeout=60)
         assert s.proc.wait(timeout=60) == 0, s.log()
     finally:
+        kept_alive.close()
         s.stop()
     assert not errors, errors
     assert sorted(finished) == [0, 1, 2, 3]
