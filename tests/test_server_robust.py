@@ -96,6 +96,13 @@ def plain_greedy(llm: llama_cpp.Llama, prompt: list[int], n: int) -> list[int]:
     return out
 
 
+def wait_until(predicate, timeout: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
 def good_request_works(server: ServerProcess) -> None:
     r = post(server, {"prompt": "Hello", "max_tokens": 4, "temperature": 0})
     assert r.status_code == 200, r.text
@@ -244,14 +251,29 @@ def test_request_past_timeout_ends_and_frees_its_slot(server: ServerProcess) -> 
     assert 'pydflash2:request_timeouts_total{stage="generation"} 2.0' in m
 
 
+def test_queue_wait_is_bounded(models: dict[str, Path], workdir: Path) -> None:
+    s = ServerProcess([*base_args(models, 1, N_CTX), "--timeout", "4", "--queue-timeout", "0.5"], workdir)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            long = pool.submit(httpx.post, s.url + "/v1/completions", timeout=60,
+                               json={"prompt": "Once upon a time", "max_tokens": N_CTX - 16})
+            wait_until(lambda: httpx.get(s.url + "/health", timeout=10).json()["busy"] == 1, what="a busy slot")
+            t0 = time.monotonic()
+            r = httpx.post(s.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 4}, timeout=60)
+            waited = time.monotonic() - t0
+            assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+            assert "no slot became free" in r.json()["error"]["message"]
+            assert 0.4 <= waited < 3.5, waited  # its bound, not the long request's end
+            assert long.result().json()["choices"][0]["finish_reason"] == "length"
+        m = httpx.get(s.url + "/metrics", timeout=10).text
+        assert 'pydflash2:request_timeouts_total{stage="queue"} 1.0' in m
+        assert httpx.post(s.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 4},
+                          timeout=60).status_code == 200
+    finally:
+        s.stop()
+
+
 # ---------------------------------------------------------------- faults
-
-
-def wait_until(predicate, timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def health(server: ServerProcess) -> httpx.Response:
