@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -25,7 +26,7 @@ import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_process import ServerProcess, check_same_greedy
+from server_process import ServerProcess, check_same_greedy, last_logits
 
 from pydflash2 import testing
 from pydflash2.server.auth import bind_warning, load_keys
@@ -72,7 +73,7 @@ def server(models: dict[str, Path], workdir: Path, trigger: Path):
 
 @pytest.fixture(scope="module")
 def llm(models: dict[str, Path]) -> llama_cpp.Llama:
-    return llama_cpp.Llama(str(models["target"]), n_ctx=512, n_batch=512, verbose=False)
+    return llama_cpp.Llama(str(models["target"]), n_ctx=N_CTX, n_batch=512, verbose=False)  # as a slot
 
 
 def post(server: ServerProcess, body: object, route: str = "/v1/completions", **kw) -> httpx.Response:
@@ -87,7 +88,7 @@ def plain_greedy(llm: llama_cpp.Llama, prompt: list[int], n: int) -> list[int]:
     llm.eval(prompt)
     out: list[int] = []
     while len(out) < n:
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = int(np.argmax(last_logits(llm)))
         if llama_cpp.llama_vocab_is_eog(llama_cpp.llama_model_get_vocab(llm._model.model), tok):
             break
         out.append(tok)
@@ -230,7 +231,13 @@ def test_stalled_upload_is_closed_while_others_are_served(server: ServerProcess)
     assert BODY_TIMEOUT_S * 0.9 <= waited <= BODY_TIMEOUT_S + 5, waited
 
 
+def generation_timeouts(server: ServerProcess) -> float:
+    m = httpx.get(server.url + "/metrics", headers=AUTH, timeout=10).text
+    return float(m.split('pydflash2:request_timeouts_total{stage="generation"} ')[1].split()[0])
+
+
 def test_request_past_timeout_ends_and_frees_its_slot(server: ServerProcess) -> None:
+    timeouts_before = generation_timeouts(server)
     t0 = time.monotonic()
     r = post(server, {"prompt": "Once upon a time", "max_tokens": N_CTX - 16, "temperature": 0})
     took = time.monotonic() - t0
@@ -247,8 +254,7 @@ def test_request_past_timeout_ends_and_frees_its_slot(server: ServerProcess) -> 
         data = [line for line in s.iter_lines() if line.startswith("data:")]
     assert data[-1] == "data: [DONE]"
     assert json.loads(data[-2][5:])["choices"][0]["finish_reason"] == "length"
-    m = httpx.get(server.url + "/metrics", headers=AUTH, timeout=10).text
-    assert 'pydflash2:request_timeouts_total{stage="generation"} 2.0' in m
+    assert generation_timeouts(server) == timeouts_before + 2
 
 
 def test_queue_wait_is_bounded(models: dict[str, Path], workdir: Path) -> None:
@@ -461,11 +467,12 @@ def test_tls_with_a_self_signed_certificate(models: dict[str, Path], workdir: Pa
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
                     str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
                    check=True, capture_output=True)
+    ca = ssl.create_default_context(cafile=str(cert))
     s = ServerProcess([*base_args(models, 1, 256), "--ssl-keyfile", str(key), "--ssl-certfile", str(cert),
-                       "--api-key", KEY], workdir, scheme="https", verify=str(cert))
+                       "--api-key", KEY], workdir, scheme="https", verify=ca)
     try:
         client = openai.OpenAI(base_url=s.url + "/v1", api_key=KEY, max_retries=0,
-                               http_client=httpx.Client(verify=str(cert), timeout=60))
+                               http_client=httpx.Client(verify=ca, timeout=60))
         r = client.completions.create(model="target", prompt="Hello", max_tokens=4, temperature=0)
         assert r.choices[0].text
         with pytest.raises(httpx.ConnectError):  # a client without the CA refuses the certificate
