@@ -357,16 +357,15 @@ class Scheduler:
             if committed is None:  # the slot's context is full
                 self._finish(slot, "length")
                 continue
-            if committed:
-                a.n_steps += 1
-                if a.t_first is None:
-                    a.t_first = now
-                    self.metrics.ttft.observe(now - a.req.t_arrival)
-                    self.metrics.prompt_tokens.inc(len(a.req.prompt_tokens))
+            if committed and a.t_first is None:
+                a.t_first = now
+                self.metrics.ttft.observe(now - a.req.t_arrival)
+                self.metrics.prompt_tokens.inc(len(a.req.prompt_tokens))
             try:
                 if self._faults is not None:
                     self._faults.on_deliver(slot)
                 reason = self._deliver(a, committed)
+                a.n_steps += bool(committed)  # after the tokens: /slots, reading meanwhile, never sees tau < 1
             except Exception as e:  # this slot's text handling failed: only its request fails
                 log.exception("delivering slot %d", slot)
                 self.n_faults += 1
