@@ -4,5 +4,8 @@ and Prometheus metrics. Run it with `pydflash2 serve` or
 `python -m pydflash2.server`.
 
 Modules: engine (native batch engine binding), scheduler (slots and the step
-loop), metrics (Prometheus), schemas (OpenAI bodies), app (FastAPI routes),
-main (wiring and uvicorn)."""
+loop), metrics (Prometheus), schemas (OpenAI bodies), validation (what a body
+may hold), app (FastAPI routes), health (/health's verdict), auth (API keys),
+access_log (request ids, one log line per request), faults (test-only fault
+injection), lifecycle (loading, draining on signals), main (wiring and
+uvicorn)."""

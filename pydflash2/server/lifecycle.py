@@ -30,10 +30,11 @@ import uvicorn
 from sse_starlette.sse import AppStatus
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .app import RETRY_AFTER_S
 from .scheduler import Scheduler
+from .schemas import error_body
 
 log = logging.getLogger("pydflash2.server")
-RETRY_AFTER_S = 1
 FLUSH_S = 5.0  # after the scheduler ended every request: time for handlers to send their last bytes
 
 
@@ -86,8 +87,7 @@ class Lifecycle:
             body: dict[str, Any] = {"status": status}
         else:
             what = "the model is loading" if self.phase is Phase.LOADING else "the server is shutting down"
-            body = {"error": {"message": f"{what}; retry later", "type": "server_unavailable", "param": None,
-                              "code": status}}
+            body = error_body(f"{what}; retry later", "server_unavailable", code=status)
         headers = [(b"content-type", b"application/json"), (b"retry-after", str(RETRY_AFTER_S).encode())]
         if self.phase is Phase.DRAINING:
             headers.append((b"connection", b"close"))
