@@ -10,12 +10,17 @@ sensitive than wall time to what else a shared machine runs), the ratios to
 llama-cpp-python's server, and where our engine's seconds went.
 
 Soak (--soak): our server under C clients x M requests each, a share of them
-malformed. Every good request must get 200 with a text, every bad one a 4xx;
-no 5xx, no dropped connection; RSS growth from the first answer to the last
-must stay under 5 %.
+malformed, while chaos clients open streams and disconnect mid-stream at
+random and slow clients read their streams slowly. Every good request must get
+200 with a text, every bad one a 4xx; no 5xx, no dropped connection; every
+greedy answer must equal the answer the same request got alone before the
+soak (sequentially); every slow stream must end with [DONE]; afterwards no
+slot may be busy; RSS growth from the first answer to the last must stay
+under 5 %.
 
     python benchmarks/server_load.py                      # SmolLM2 + its shipped drafter
     python benchmarks/server_load.py --requests 40 --clients 8 --soak --soak-requests 50
+    python benchmarks/server_load.py --soak-only --clients 8 --soak-requests 1000 --chaos-clients 2 --slow-clients 2
     python benchmarks/server_load.py --measure-delta       # logit drift of batching (tests' near-tie delta)
     python benchmarks/server_load.py --decode-costs        # CPU cost of 1..32-row target decodes
 
@@ -69,6 +74,11 @@ BAD_REQUESTS = [
     (json.dumps({"messages": [{"role": "user", "content": "x" * 2_000_000}]}).encode(), "application/json"),
     (json.dumps({"messages": [{"role": "wizard", "content": "hi"}]}).encode(), "application/json"),
     (json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**9}).encode(), "application/json"),
+    (b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', "application/json"),
+    (b"[" * 1000 + b"]" * 1000, "application/json"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}], "top_k": 2**40}).encode(), "application/json"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}], "temperature": 1e300}).encode(),
+     "application/json"),
 ]
 
 
@@ -228,26 +238,50 @@ def run_load(server: Server, model: str, bodies: list[dict], clients: int, res: 
     res.cpu_s += server.cpu() - cpu0
 
 
-def run_soak(server: Server, model: str, clients: int, per_client: int, bad_share: float) -> dict:
-    counts = {"good_ok": 0, "good_empty": 0, "good_fail": 0, "bad_4xx": 0, "bad_other": 0, "5xx": 0, "dropped": 0}
+def _soak_body(model: str, rng: random.Random) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": rng.choice(PROMPTS)}],
+            "max_tokens": rng.choice([8, 16, 32]), "temperature": rng.choice([0, 0.7]), "seed": rng.randrange(1 << 30)}
+
+
+def _greedy_key(body: dict) -> tuple[str, int] | None:
+    return (body["messages"][0]["content"], body["max_tokens"]) if body["temperature"] == 0 else None
+
+
+def run_soak(server: Server, model: str, clients: int, per_client: int, bad_share: float, chaos_clients: int = 0,
+             slow_clients: int = 0) -> dict:
+    counts = {"good_ok": 0, "good_empty": 0, "good_fail": 0, "bad_4xx": 0, "bad_other": 0, "5xx": 0, "dropped": 0,
+              "greedy_checked": 0, "greedy_differ": 0, "chaos_disconnects": 0, "chaos_errors": 0,
+              "slow_done": 0, "slow_fail": 0}
     rss: list[float] = []
+    differ: list[dict] = []
     lock = threading.Lock()
+    # the sequential answer of every greedy request the soak can send, each alone on an idle server
+    sequential: dict[tuple[str, int], str] = {}
+    with httpx.Client(timeout=600) as c:
+        for prompt in PROMPTS:
+            for n in (8, 16, 32):
+                r = c.post(server.url + "/v1/chat/completions", json={
+                    "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": n,
+                    "temperature": 0})
+                r.raise_for_status()
+                sequential[(prompt, n)] = r.json()["choices"][0]["message"]["content"]
+    running = threading.Event()
+    running.set()
 
     def client(k: int) -> None:
         rng = random.Random(1000 + k)
         with httpx.Client(timeout=600) as c:
             for _ in range(per_client):
                 bad = rng.random() < bad_share
+                body = None
                 try:
                     if bad:
-                        body, ctype = rng.choice(BAD_REQUESTS)
-                        r = c.post(server.url + "/v1/chat/completions", content=body,
+                        raw, ctype = rng.choice(BAD_REQUESTS)
+                        r = c.post(server.url + "/v1/chat/completions", content=raw,
                                    headers={"Content-Type": ctype})
                     else:
-                        r = c.post(server.url + "/v1/chat/completions", json={
-                            "model": model, "messages": [{"role": "user", "content": rng.choice(PROMPTS)}],
-                            "max_tokens": rng.choice([8, 16, 32]), "temperature": rng.choice([0, 0.7]),
-                            "seed": rng.randrange(1 << 30)})
+                        body = _soak_body(model, rng)
+                        r = c.post(server.url + "/v1/chat/completions", json=body)
                 except httpx.HTTPError:
                     with lock:
                         counts["dropped"] += 1
@@ -260,16 +294,78 @@ def run_soak(server: Server, model: str, clients: int, per_client: int, bad_shar
                     elif r.status_code == 200:
                         text = r.json()["choices"][0]["message"]["content"]
                         counts["good_ok" if text else "good_empty"] += 1
+                        key = _greedy_key(body)
+                        if key is not None:
+                            counts["greedy_checked"] += 1
+                            if text != sequential[key]:
+                                counts["greedy_differ"] += 1
+                                differ.append({"prompt": key[0], "max_tokens": key[1], "got": text,
+                                               "sequential": sequential[key]})
                     else:
                         counts["good_fail"] += 1
                     rss.append(server.rss())
 
-    with ThreadPoolExecutor(clients) as pool:
-        list(pool.map(client, range(clients)))
+    def chaos(k: int) -> None:
+        """Streams that the client drops after a random number of events."""
+        rng = random.Random(2000 + k)
+        while running.is_set():
+            body = {**_soak_body(model, rng), "max_tokens": rng.choice([32, 64, 128]), "stream": True}
+            try:
+                with httpx.Client(timeout=600) as c, c.stream("POST", server.url + "/v1/chat/completions",
+                                                              json=body) as r:
+                    if r.status_code != 200:
+                        raise httpx.HTTPError(f"status {r.status_code}")
+                    cut = rng.randrange(0, 12)
+                    for i, _ in enumerate(r.iter_lines()):
+                        if i >= cut:
+                            break
+                with lock:
+                    counts["chaos_disconnects"] += 1
+            except httpx.HTTPError:
+                with lock:
+                    counts["chaos_errors"] += 1
+
+    def slow(k: int) -> None:
+        """Streams read at a few events per second: they must still end with [DONE]."""
+        rng = random.Random(3000 + k)
+        while running.is_set():
+            body = {**_soak_body(model, rng), "max_tokens": 32, "stream": True}
+            last = ""
+            try:
+                with httpx.Client(timeout=600) as c, c.stream("POST", server.url + "/v1/chat/completions",
+                                                              json=body) as r:
+                    for line in r.iter_lines():
+                        if line.startswith("data:"):
+                            last = line
+                            time.sleep(0.2)
+            except httpx.HTTPError:
+                pass
+            with lock:
+                counts["slow_done" if last == "data: [DONE]" else "slow_fail"] += 1
+
+    helpers = [threading.Thread(target=chaos, args=(k,)) for k in range(chaos_clients)]
+    helpers += [threading.Thread(target=slow, args=(k,)) for k in range(slow_clients)]
+    for t in helpers:
+        t.start()
+    try:
+        with ThreadPoolExecutor(clients) as pool:
+            list(pool.map(client, range(clients)))
+    finally:
+        running.clear()
+        for t in helpers:
+            t.join()
+    time.sleep(1.0)  # the last chaos client's slot is freed at the next step
+    from prometheus_client.parser import text_string_to_metric_families
+
+    busy = next(smp.value for fam in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
+                for smp in fam.samples if smp.name == "pydflash2:num_requests_running")
+    health = httpx.get(server.url + "/health").json()["status"]
     growth = (rss[-1] - rss[0]) / rss[0] * 100 if rss else float("nan")
-    counts.update(rss_first_mb=round(rss[0], 1), rss_last_mb=round(rss[-1], 1), rss_growth_pct=round(growth, 2))
+    counts.update(rss_first_mb=round(rss[0], 1), rss_last_mb=round(rss[-1], 1), rss_growth_pct=round(growth, 2),
+                  busy_slots_after=busy, health_after=health, greedy_differ_examples=differ[:5])
     counts["pass"] = (counts["good_fail"] == counts["bad_other"] == counts["5xx"] == counts["dropped"] == 0
-                      and growth < 5.0)
+                      and counts["greedy_differ"] == counts["chaos_errors"] == counts["slow_fail"] == 0
+                      and busy == 0 and health == "ok" and growth < 5.0)
     return counts
 
 
@@ -399,6 +495,8 @@ def main() -> int:
     ap.add_argument("--soak-only", action="store_true")
     ap.add_argument("--soak-requests", type=int, default=1000, help="requests per soak client")
     ap.add_argument("--soak-bad", type=float, default=0.3)
+    ap.add_argument("--chaos-clients", type=int, default=2, help="soak: clients that drop streams mid-way")
+    ap.add_argument("--slow-clients", type=int, default=2, help="soak: clients that read streams slowly")
     ap.add_argument("--measure-delta", action="store_true")
     ap.add_argument("--decode-costs", action="store_true",
                     help="only measure the CPU cost of target decodes of 1..32 rows (the ceiling of batching)")
@@ -497,10 +595,12 @@ def main() -> int:
         port = free_port()
         s = Server("pydflash2 soak", [*ours, "--port", str(port), "--parallel", "4"], port, "/health", tmp)
         try:
-            soak = run_soak(s, model_id, args.clients, args.soak_requests, args.soak_bad)
+            soak = run_soak(s, model_id, args.clients, args.soak_requests, args.soak_bad, args.chaos_clients,
+                            args.slow_clients)
         finally:
             s.stop()
-        print(f"\nsoak: {args.clients} clients x {args.soak_requests} requests, {args.soak_bad:.0%} malformed")
+        print(f"\nsoak: {args.clients} clients x {args.soak_requests} requests, {args.soak_bad:.0%} malformed, "
+              f"{args.chaos_clients} chaos and {args.slow_clients} slow streaming clients")
         print(json.dumps(soak, indent=1))
         report["soak"] = soak
     if args.json:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -36,21 +37,28 @@ def free_port() -> int:
 
 class ServerProcess:
     """Starts the server (from `cwd`, so that the installed package is imported)
-    and waits until /health answers."""
+    and waits until /health answers 200 (unless wait=False). env: added to this
+    process's environment; scheme: "https" for a server given a certificate."""
 
-    def __init__(self, args: list[str], cwd: Path, timeout: float = 120.0) -> None:
+    def __init__(self, args: list[str], cwd: Path, timeout: float = 120.0, env: dict[str, str] | None = None,
+                 wait: bool = True, scheme: str = "http", verify: ssl.SSLContext | bool = True) -> None:
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
         self.log_path = cwd / f"server-{self.port}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen([sys.executable, "-m", "pydflash2.server", "--port", str(self.port), *args],
-                                     cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT)
+                                     cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
+        if wait:
+            self.wait_ready(timeout, verify)
+
+    def wait_ready(self, timeout: float = 120.0, verify: ssl.SSLContext | bool = True) -> None:
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
+                if httpx.get(self.url + "/health", timeout=1.0, verify=verify).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -74,11 +82,17 @@ class ServerProcess:
         self._log.close()
 
 
+def last_logits(llm: llama_cpp.Llama) -> np.ndarray:
+    """The logits of the last token llm.eval() decoded (llm.scores holds them only with logits_all)."""
+    ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+    return np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).copy()
+
+
 def plain_margin(llm: llama_cpp.Llama, tokens: list[int]) -> float:
     """Plain batch-1 decoding's top-1 minus top-2 logit after `tokens`."""
     llm.reset()
     llm.eval(tokens)
-    logits = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+    logits = last_logits(llm)
     llm.reset()
     top2 = np.partition(logits, -2)[-2:]
     return float(top2[1] - top2[0])

@@ -34,7 +34,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="path walk through the DFlash2 lattice (auto: greedy at T=0, sampled otherwise)")
     add_exact_arg(p, what=" whatever else is in the batch")
     add_flash_attn_arg(p)
-    p.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY (all but /health)")
+    p.add_argument("--api-key", action="append", default=[],
+                   help="require Authorization: Bearer KEY (all but /health); repeat it or separate keys with "
+                        "commas for several (visible in `ps`: prefer --api-key-file or PYDFLASH2_API_KEY)")
+    p.add_argument("--api-key-file", default=None, help="file of API keys, one per line (# comments)")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests that may wait for a slot; beyond that: 503 + Retry-After (default 64)")
     p.add_argument("-a", "--alias", "--model-alias", dest="model_alias", default=None,
@@ -46,7 +49,23 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=float, default=0.95, help="top-p (default 0.95; 1 = off)")
     g.add_argument("--min-p", type=float, default=0.05, help="min-p (default 0.05; 0 = off)")
     p.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (default 1 MiB)")
-    p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="info (default) logs one access line per request")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds from a request's arrival to its end: then it finishes with finish_reason "
+                        "'length' (default 600; 0 = none)")
+    p.add_argument("--queue-timeout", type=float, default=120.0,
+                   help="seconds a request may wait for a slot before a 503 (default 120; 0 = none)")
+    p.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds from arrival to the request body's last byte; slower uploads get 408 and are "
+                        "closed (default 30)")
+    p.add_argument("--stall-timeout", type=float, default=60.0,
+                   help="/health turns 503 'stalled' when the step loop makes no progress this long while work is "
+                        "pending (default 60; 0 = off)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="on SIGTERM/SIGINT, seconds in-flight requests may take to finish (default 30)")
+    p.add_argument("--ssl-keyfile", default=None, help="TLS private key (PEM); with --ssl-certfile: https")
+    p.add_argument("--ssl-certfile", default=None, help="TLS certificate chain (PEM)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -72,9 +91,22 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--top-p must be in (0, 1], got {args.top_p}")
     if not 0 <= args.min_p <= 1:
         raise CliError(f"--min-p must be in [0, 1], got {args.min_p}")
+    for name in ("timeout", "queue_timeout", "body_timeout", "stall_timeout", "shutdown_timeout"):
+        if getattr(args, name) < 0:
+            raise CliError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
+        raise CliError("--ssl-keyfile and --ssl-certfile go together")
+    if args.body_timeout == 0:
+        raise CliError("--body-timeout must be > 0")
     setup_devices(args)
     from ..server.app import SamplingDefaults
+    from ..server.auth import load_keys
     from ..server.main import ServerOptions, serve
+
+    try:
+        api_keys = load_keys(args.api_key, args.api_key_file)
+    except OSError as e:
+        raise CliError(f"--api-key-file: {e}") from None
 
     draft = resolve_draft(args)  # the shipped drafter for the default model when --draft is omitted
     try:
@@ -82,11 +114,14 @@ def run(args: argparse.Namespace) -> int:
             model=args.model, draft=draft, host=args.host, port=args.port, n_ctx=args.n_ctx,
             parallel=args.parallel, n_max=args.n_max if draft else 0, selector=args.selector,
             threads=args.threads, device=args.device, n_gpu_layers=args.n_gpu_layers,
-            exact=args.exact, flash_attn=args.flash_attn == "on", api_key=args.api_key,
+            exact=args.exact, flash_attn=args.flash_attn == "on", api_keys=api_keys,
             max_queue=args.max_queue, model_alias=args.model_alias, max_body=args.max_body,
             log_level=args.log_level,
             defaults=SamplingDefaults(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                       min_p=args.min_p),
+            timeout=args.timeout or None, queue_timeout=args.queue_timeout or None,
+            body_timeout=args.body_timeout, stall_timeout=args.stall_timeout,
+            shutdown_timeout=args.shutdown_timeout, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
         ))
     except (OSError, ValueError, RuntimeError) as e:
         raise CliError(str(e)) from None

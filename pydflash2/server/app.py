@@ -9,9 +9,9 @@ has its own clear status and message.
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 import os
-import secrets
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -24,8 +24,13 @@ from sse_starlette.sse import EventSourceResponse
 from ..chat_template import ChatTemplate
 from . import schemas, steering
 from .answers import Answer
+from .auth import key_matches
+from .health import health as health_status
 from .scheduler import Finished, GenerationRequest, Logprobs, QueueFull, Sampling, Scheduler
 from .template_routes import add_template_routes
+from .validation import InvalidField, parse_body
+
+log = logging.getLogger("pydflash2.server")
 
 RETRY_AFTER_S = 1
 DISCONNECT_POLL_S = 0.2
@@ -56,9 +61,13 @@ class SamplingDefaults:
 class ServerConfig:
     model_id: str  # the name /v1/models lists (--alias); requests may name any model, as llama-server takes them
     n_ctx: int  # per request (slot)
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()  # none: no key needed
     max_body_bytes: int = 1 << 20
     defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
+    body_timeout_s: float = 30.0  # from arrival to the body's last byte (stalled uploads are closed)
+    request_timeout_s: float | None = None  # --timeout: from arrival to the last token
+    queue_timeout_s: float | None = None  # from arrival to a slot
+    stall_timeout_s: float = 0.0  # /health turns 503 after this long without progress while work is pending
 
 
 @dataclass
@@ -86,7 +95,7 @@ class Tokenizer:
 
 def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig) -> FastAPI:
     app = FastAPI(title="pydflash2", docs_url=None, redoc_url=None, openapi_url=None)
-    metrics = scheduler.metrics
+    metrics = app.state.metrics = scheduler.metrics
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, e: ApiError) -> JSONResponse:
@@ -101,10 +110,14 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
     # a dependency, not an HTTP middleware: Starlette's BaseHTTPMiddleware wraps
     # `receive`, and handlers then no longer see a client's disconnect
     async def require_key(request: Request) -> None:
-        if config.api_key is None:
+        if not config.api_keys:
             return
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {config.api_key}".encode()):
+        given = request.headers.get("authorization")
+        if given is None or not key_matches(given, config.api_keys):
+            client = f"{request.client.host}:{request.client.port}" if request.client else "?"
+            log.warning("auth failed: %s %s from %s (rid=%s): %s", request.method, request.url.path, client,
+                        getattr(request.state, "request_id", "-"),
+                        "no Authorization header" if given is None else "key not accepted")
             raise ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)",
                            type_="authentication_error", code="invalid_api_key")
 
@@ -122,9 +135,12 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if scheduler.fatal is not None:
-            return JSONResponse({"status": "error", "error": scheduler.fatal}, status_code=503)
-        return JSONResponse({"status": "ok", **scheduler.load()})
+        code, body = health_status(scheduler, config.stall_timeout_s)
+        return JSONResponse(body, status_code=code)
+
+    @app.get("/slots", dependencies=protected)
+    async def slots() -> JSONResponse:
+        return JSONResponse(scheduler.slots())
 
     @app.get("/metrics", dependencies=protected)
     async def metrics_endpoint() -> Response:
@@ -149,15 +165,16 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
 
     @app.post("/v1/completions", dependencies=protected)
     async def completions(request: Request) -> Response:
-        body = await _read_body(request, schemas.CompletionRequest, config.max_body_bytes)
+        body = await _read_body(request, schemas.CompletionRequest, config)
         for name, given in (("echo", body.echo), ("suffix", body.suffix is not None),
                             ("best_of", body.best_of not in (None, 1))):
             if given:
                 raise ApiError(400, f"{name}: not supported by this server", param=name)
+        # tokenizing (and templating, below) a long prompt takes a while: off the event loop
         if isinstance(body.prompt, str):
-            tokens = tokenizer.raw(body.prompt)
+            tokens = await asyncio.to_thread(tokenizer.raw, body.prompt)
         elif isinstance(body.prompt[0], str):
-            tokens = tokenizer.raw(body.prompt[0])  # type: ignore[arg-type]
+            tokens = await asyncio.to_thread(tokenizer.raw, body.prompt[0])  # type: ignore[arg-type]
         else:
             tokens = [int(t) for t in body.prompt]  # type: ignore[union-attr]
             bad = [t for t in tokens if not 0 <= t < tokenizer.n_vocab]
@@ -173,9 +190,9 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
 
     @app.post("/v1/chat/completions", dependencies=protected)
     async def chat_completions(request: Request) -> Response:
-        body = await _read_body(request, schemas.ChatCompletionRequest, config.max_body_bytes)
+        body = await _read_body(request, schemas.ChatCompletionRequest, config)
         st = steer(body)
-        tokens = _chat_tokens(tokenizer, body)
+        tokens = await asyncio.to_thread(_chat_tokens, tokenizer, body)
         req = _submit(scheduler, request, body, tokens, config, None, st)
         answer = Answer(schemas.new_id("chatcmpl"), config.model_id, body, st, tokenizer.piece)
         if body.stream:
@@ -183,12 +200,13 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
         return JSONResponse(answer.chat(await _wait(scheduler, request, req)))
 
     add_template_routes(app, protected, tokenizer,
-                        read_body=lambda request, model: _read_body(request, model, config.max_body_bytes),
+                        read_body=lambda request, model: _read_body(request, model, config),
                         bad_request=lambda message, param: ApiError(400, message, param=param))
     return app
 
 
-async def _read_body(request: Request, model: type[Body], limit: int) -> Body:
+async def _read_body(request: Request, model: type[Body], config: ServerConfig) -> Body:
+    limit = config.max_body_bytes
     ctype = request.headers.get("content-type", "")
     if ctype.split(";")[0].strip().lower() != "application/json":
         raise ApiError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
@@ -196,16 +214,26 @@ async def _read_body(request: Request, model: type[Body], limit: int) -> Body:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
     raw = bytearray()
-    async for chunk in request.stream():
+    # the whole body by the deadline, however slowly it trickles in (a stalled upload must not hold
+    # its connection for ever); Connection: close, as the rest of the body may still come
+    deadline = _arrival(request) + config.body_timeout_s
+    chunks = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(chunks.__anext__(), timeout=max(0.0, deadline - time.perf_counter()))
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            request.app.state.metrics.timeouts.labels(stage="body").inc()
+            raise ApiError(408, f"the request body did not arrive within {config.body_timeout_s:g} s",
+                           code="body_timeout", headers={"Connection": "close"}) from None
         raw += chunk
         if len(raw) > limit:
             raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"invalid JSON body: {e}") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "the JSON body must be an object")
+        data = parse_body(bytes(raw))
+    except InvalidField as e:
+        raise ApiError(400, e.message, param=e.param) from None
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -223,6 +251,11 @@ def _chat_tokens(tokenizer: Tokenizer, body: schemas.ChatCompletionRequest) -> l
         return tokenizer.chat(body.template_messages(), **body.template_variables())
     except Exception as e:  # the template rejected the conversation (e.g. roles out of order)
         raise ApiError(400, f"chat template: {e}", param="messages") from None
+
+
+def _arrival(request: Request) -> float:
+    """perf_counter time the request arrived (access_log.AccessLog stamps it; now, without it)."""
+    return getattr(request.state, "arrival", None) or time.perf_counter()
 
 
 def _submit(scheduler: Scheduler, request: Request, body: schemas._Sampling, tokens: list[int], config: ServerConfig,
@@ -250,6 +283,14 @@ def _submit(scheduler: Scheduler, request: Request, body: schemas._Sampling, tok
         max_tokens=max_tokens, stop=body.stop_list(), loop=asyncio.get_running_loop(),
         engine_options=steer.engine_options,
     )
+    arrival = _arrival(request)
+    req.t_arrival = arrival
+    req.request_id = getattr(request.state, "request_id", None)
+    if config.request_timeout_s:
+        req.deadline = arrival + config.request_timeout_s
+    if config.queue_timeout_s:
+        req.queue_deadline = arrival + config.queue_timeout_s
+    request.state.generation = req  # for the access log
     try:
         scheduler.submit(req)
     except QueueFull:
@@ -280,8 +321,18 @@ async def _wait(scheduler: Scheduler, request: Request, req: GenerationRequest) 
             continue
         if isinstance(event, Finished):
             if event.finish_reason == "error":
-                raise ApiError(500, event.error or "generation failed", type_="server_error")
+                raise _error_of(event)
             return event
+
+
+def _error_of(event: Finished) -> ApiError:
+    """A request the scheduler ended with an error, as the HTTP error it stands for."""
+    if event.status == 400:
+        return ApiError(400, event.error or "invalid request")
+    if event.status == 503:
+        return ApiError(503, event.error or "server busy", type_="server_busy",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
+    return ApiError(event.status, event.error or "generation failed", type_="server_error")
 
 
 async def _events(scheduler: Scheduler, req: GenerationRequest) -> AsyncIterator[str | Logprobs | Finished]:

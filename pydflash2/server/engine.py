@@ -108,16 +108,9 @@ class BatchEngine:
                 # not grow with the shapes its requests happen to meet (a rebuild costs ~1 ms)
                 d.set_max_graphs(SLOT_DRAFTER_GRAPHS)
                 d.reserve_graphs()  # all memory at startup: it stays flat while serving
-        model_addr = ctypes.cast(self.llm._model.model, ctypes.c_void_p).value
-        handles = ffi.new("pdf2_drafter *[]", [d._h for d in self.drafters] or [ffi.NULL])
-        handle = lib.pdf2_batch_engine_new(
-            ffi.cast("void *", model_addr), self.n_slots, self.n_ctx, threads, threads,
-            -1 if flash_attn is None else int(flash_attn), handles, len(self.drafters),
-            -1 if self.n_max == "auto" else int(self.n_max), SELECTORS[selector], 16,
-        )
-        if handle == ffi.NULL:
-            raise GenerationError(_native.last_error())
-        self._h = ffi.gc(handle, lib.pdf2_batch_engine_free)
+        self._native_args = (self.n_slots, self.n_ctx, threads, threads, -1 if flash_attn is None else int(flash_attn))
+        self._walk_args = (-1 if self.n_max == "auto" else int(self.n_max), SELECTORS[selector], 16)
+        self._h = self._new_native()
         self.max_draft = int(lib.pdf2_batch_engine_max_draft(self._h))
         self._counts = np.zeros(self.n_slots, dtype=np.int32)
         self._tokens = np.zeros(self.n_slots * (self.max_draft + 1), dtype=np.int32)
@@ -128,6 +121,35 @@ class BatchEngine:
                                        self.max_draft)
             self.costs = draft_costs.load_or_measure(key, self.max_draft,
                                                      lambda: _on_own_thread(self._measure_costs))
+            self.set_costs(self.costs["verify_s"], self.costs["draft_s"])
+
+    def _new_native(self) -> Any:
+        """The native engine: one target context over the loaded model, and the slots' drafters."""
+        model_addr = ctypes.cast(self.llm._model.model, ctypes.c_void_p).value
+        handles = ffi.new("pdf2_drafter *[]", [d._h for d in self.drafters] or [ffi.NULL])
+        handle = lib.pdf2_batch_engine_new(ffi.cast("void *", model_addr), *self._native_args, handles,
+                                           len(self.drafters), *self._walk_args)
+        if handle == ffi.NULL:
+            raise GenerationError(_native.last_error())
+        return ffi.gc(handle, lib.pdf2_batch_engine_free)
+
+    def recover(self) -> None:
+        """After a failed step: a new target context and new drafter caches (over the same loaded
+        weights), made as the constructor makes them; every slot is idle and empty again. The
+        measured costs carry over."""
+        if self._h is not None:
+            ffi.release(self._h)
+            self._h = None
+        if self.drafters:
+            old = self.drafters
+            self.drafters = [Drafter.sharing_weights(old[0], n_ctx=self.n_ctx) for _ in range(self.n_slots)]
+            for d in old:
+                d.close()
+            for d in self.drafters:
+                d.set_max_graphs(SLOT_DRAFTER_GRAPHS)
+                d.reserve_graphs()
+        self._h = self._new_native()
+        if self.costs is not None:
             self.set_costs(self.costs["verify_s"], self.costs["draft_s"])
 
     def close(self) -> None:

@@ -1,27 +1,32 @@
-"""Wiring: load the target and drafters into a BatchEngine, start the
-Scheduler, and serve the FastAPI app with uvicorn."""
+"""Wiring: serve with uvicorn at once (lifecycle answers "loading"), load the
+target and drafters into a BatchEngine on a thread, start the Scheduler, and
+hand requests to the FastAPI app."""
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
+import logging
 import sys
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import llama_cpp
 import uvicorn
-from fastapi import FastAPI
 
 from .. import exactness
 from ..chat_template import ChatTemplate
 from ..models import resolve_target
+from .access_log import AccessLog
 from .app import SamplingDefaults, ServerConfig, Tokenizer, create_app
+from .auth import bind_warning
 from .engine import BatchEngine
+from .faults import FaultInjector
+from .lifecycle import DrainingServer, Lifecycle, Loaded
 from .metrics import ServerMetrics
 from .scheduler import Scheduler
+
+log = logging.getLogger("pydflash2.server")
 
 
 @dataclass
@@ -39,12 +44,19 @@ class ServerOptions:
     n_gpu_layers: int = 0
     exact: bool = False
     flash_attn: bool = False
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()
     max_queue: int = 64
     model_alias: str | None = None
     max_body: int = 1 << 20
-    log_level: str = "warning"
+    log_level: str = "info"
     defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
+    timeout: float | None = 600.0  # per request, from arrival (llama-server's -to)
+    queue_timeout: float | None = 120.0
+    body_timeout: float = 30.0
+    stall_timeout: float = 60.0
+    shutdown_timeout: float = 30.0
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
 
 
 def _exact_flash_attn(opts: ServerOptions) -> bool:
@@ -69,7 +81,8 @@ def token_piece(vocab: Any, token: int) -> bytes:
     return buf.raw[:n]
 
 
-def build_app(opts: ServerOptions) -> tuple[FastAPI, BatchEngine, Scheduler]:
+def load(opts: ServerOptions) -> Loaded:
+    """The engine, the scheduler (started) and the FastAPI app: what the server needs to serve."""
     model_path = resolve_target(opts.model)
     flash_attn = _exact_flash_attn(opts)
     engine = BatchEngine(model_path, opts.draft, n_slots=opts.parallel, n_ctx=opts.n_ctx, n_threads=opts.threads,
@@ -82,6 +95,7 @@ def build_app(opts: ServerOptions) -> tuple[FastAPI, BatchEngine, Scheduler]:
         engine, metrics, opts.max_queue,
         token_bytes=lambda t: llm.detokenize([t]),
         is_eog=lambda t: bool(llama_cpp.llama_vocab_is_eog(vocab, t)),
+        faults=FaultInjector.from_env(),
     )
     try:
         template: ChatTemplate | None = ChatTemplate.of(llm)
@@ -97,28 +111,40 @@ def build_app(opts: ServerOptions) -> tuple[FastAPI, BatchEngine, Scheduler]:
         vocab=vocab,
     )
     model_id = opts.model_alias or Path(model_path).stem
-    config = ServerConfig(model_id=model_id, n_ctx=opts.n_ctx, api_key=opts.api_key, max_body_bytes=opts.max_body,
-                          defaults=opts.defaults)
+    config = ServerConfig(model_id=model_id, n_ctx=opts.n_ctx, api_keys=opts.api_keys, max_body_bytes=opts.max_body,
+                          defaults=opts.defaults, body_timeout_s=opts.body_timeout,
+                          request_timeout_s=opts.timeout, queue_timeout_s=opts.queue_timeout,
+                          stall_timeout_s=opts.stall_timeout)
     app = create_app(scheduler, tokenizer, config)
+    scheduler.start()
+    log.info("serving '%s' with %d slot(s) of %d tokens, drafter %s", model_id, opts.parallel, opts.n_ctx,
+             opts.draft or "none")
+    return Loaded(app=app, scheduler=scheduler, close=engine.close)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        scheduler.start()
-        print(f"pydflash2 server: http://{opts.host}:{opts.port} serving '{model_id}' with {opts.parallel} slot(s) "
-              f"of {opts.n_ctx} tokens, drafter {opts.draft or 'none'}", file=sys.stderr, flush=True)
-        try:
-            yield
-        finally:
-            scheduler.shutdown()
 
-    app.router.lifespan_context = lifespan
-    return app, engine, scheduler
+def _setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("pydflash2.server", "pydflash2.access"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(level.upper())
+        logger.propagate = False
 
 
 def serve(opts: ServerOptions) -> int:
-    app, engine, _ = build_app(opts)
-    try:
-        uvicorn.run(app, host=opts.host, port=opts.port, log_level=opts.log_level, timeout_graceful_shutdown=5)
-    finally:
-        engine.close()
+    """Serves until SIGTERM/SIGINT (then drains; returns 0). A model that fails to load raises its error."""
+    _setup_logging(opts.log_level)
+    warning = bind_warning(opts.host, opts.api_keys)
+    if warning:
+        log.warning(warning)
+    lifecycle = Lifecycle(lambda: load(opts), shutdown_timeout_s=opts.shutdown_timeout)
+    config = uvicorn.Config(AccessLog(lifecycle), host=opts.host, port=opts.port, log_level=opts.log_level,
+                            access_log=False, timeout_graceful_shutdown=5, ssl_keyfile=opts.ssl_keyfile,
+                            ssl_certfile=opts.ssl_certfile, lifespan="on")
+    scheme = "https" if opts.ssl_certfile else "http"
+    print(f"pydflash2 server: {scheme}://{opts.host}:{opts.port} (loading the model)", file=sys.stderr, flush=True)
+    DrainingServer(config, lifecycle).run()
+    if lifecycle.load_error is not None:
+        raise lifecycle.load_error
     return 0

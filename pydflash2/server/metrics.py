@@ -81,6 +81,13 @@ class ServerMetrics:
                               buckets=_TPOT_BUCKETS, registry=r)
         self.e2e = Histogram(p + "e2e_request_latency_seconds", "Time from arrival to the last token",
                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.faults = Counter(p + "engine_faults", "Failed engine steps and slots (each failed only its own "
+                              "requests)", registry=r)
+        self.recoveries = Counter(p + "engine_recoveries", "Engine re-creations after a failed step", registry=r)
+        self.timeouts = Counter(p + "request_timeouts", "Requests ended by a time limit, by stage (body = upload "
+                                "stalled, queue = no slot in time, generation = --timeout)", ["stage"], registry=r)
+        for stage in ("body", "queue", "generation"):
+            self.timeouts.labels(stage=stage)
         self.waiting = Gauge(p + "num_requests_waiting", "Requests queued for a slot (queue depth)", registry=r)
         self.running = Gauge(p + "num_requests_running", "Busy slots", registry=r)
         self.slots = Gauge(p + "num_slots", "Slots (--parallel)", registry=r)
@@ -91,11 +98,12 @@ class ServerMetrics:
             self.requests.labels(status=status)
         self._last: dict[str, Any] | None = None
 
-    def engine_stats(self, stats: dict[str, Any]) -> None:
-        """Moves the speculative counters by what the engine counted since the last call."""
+    def engine_stats(self, stats: dict[str, Any], baseline: bool = False) -> None:
+        """Moves the speculative counters by what the engine counted since the last call
+        (baseline: only remember stats, e.g. those of an engine just re-created)."""
         last = self._last
         self._last = stats
-        if last is None:
+        if last is None or baseline:
             return
         for key, attr in _ENGINE_COUNTERS.items():
             delta = stats[key] - last[key]

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..text_stream import TextStream
 from .engine import BatchEngine
+from .faults import FaultInjector
 from .metrics import ServerMetrics
 from .timings import RequestClock, timings
 
@@ -53,6 +54,8 @@ class Finished:
     tokens: list[int] = field(default_factory=list)  # the completion's token ids
     timings: dict[str, Any] = field(default_factory=dict)  # llama-server's per-request figures, and speculation's
     logprobs: list[TokenLogprob] | None = None  # one per token in `tokens`, when asked for
+    status: int = 500  # with finish_reason "error": the HTTP status it stands for
+    tau: float | None = None  # tokens committed per target step once generating (None: none committed)
 
 
 # What the engine's take_logprobs(slot) gives per committed token: (token id, its
@@ -82,9 +85,15 @@ class GenerationRequest:
     engine_options: dict[str, Any] = field(default_factory=dict)
     cancelled: bool = False
     t_arrival: float = field(default_factory=time.perf_counter)
+    request_id: str | None = None
+    deadline: float | None = None  # perf_counter time by which it ends (finish_reason "length")
+    queue_deadline: float | None = None  # perf_counter time by which it must have a slot
+    outcome: Finished | None = None  # its last event, once sent (the access log reads it)
 
     def emit(self, event: str | Logprobs | Finished) -> None:
         """From the scheduler thread."""
+        if isinstance(event, Finished):
+            self.outcome = event
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:
@@ -99,11 +108,21 @@ class _Active:
     t_first: float | None = None
     clock: RequestClock = field(default_factory=RequestClock)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    n_steps: int = 0  # target steps that committed tokens to it
+
+    @property
+    def tau(self) -> float | None:
+        return len(self.tokens) / self.n_steps if self.n_steps else None
+
+
+RECOVERY_ATTEMPTS = 3  # engine re-creations tried after a fault before the server gives up
+RECOVERY_BACKOFF_S = 1.0
 
 
 class Scheduler:
     def __init__(self, engine: BatchEngine, metrics: ServerMetrics, max_queue: int,
-                 token_bytes: Callable[[int], bytes], is_eog: Callable[[int], bool]) -> None:
+                 token_bytes: Callable[[int], bytes], is_eog: Callable[[int], bool],
+                 faults: FaultInjector | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
         self.max_queue = max_queue
@@ -115,6 +134,14 @@ class Scheduler:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="pydflash2-scheduler", daemon=True)
         self.fatal: str | None = None  # set when the engine failed beyond recovery
+        self.recovering = False  # re-creating the engine after a fault (/health: degraded)
+        self.accepting = True  # False once shutdown began: submit() refuses
+        self.progress_at = time.monotonic()  # the step loop's last sign of life (the stall watchdog reads it)
+        self.n_faults = 0  # failed steps and slots
+        self._faults = faults
+        self._abort: str | None = None
+        self._held = [0] * engine.n_slots  # tokens each slot's sequence holds (its last request's, when idle)
+        self._last_request = [""] * engine.n_slots
 
     # ------------------------------------------------------------ event-loop side
 
@@ -133,9 +160,13 @@ class Scheduler:
         with self._cond:
             if self.fatal is not None:
                 raise RuntimeError(self.fatal)
+            if not self.accepting:
+                raise RuntimeError("server shutting down")
             busy = len(self._active) + len(self._waiting)
             if busy >= self.engine.n_slots + self.max_queue:
                 raise QueueFull()
+            if busy == 0:
+                self.progress_at = time.monotonic()  # an idle loop was not stalled
             self._waiting.append(req)
             self.metrics.waiting.set(len(self._waiting))
             self._cond.notify_all()
@@ -149,6 +180,37 @@ class Scheduler:
         with self._cond:
             return {"slots": self.engine.n_slots, "busy": len(self._active), "waiting": len(self._waiting)}
 
+    def pending(self) -> bool:
+        with self._cond:
+            return bool(self._active or self._waiting)
+
+    def stop_accepting(self) -> None:
+        with self._cond:
+            self.accepting = False
+
+    def abort_all(self, message: str) -> None:
+        """Shutdown past its deadline: every request ends before the next step with an error (503)."""
+        with self._cond:
+            self._abort = message
+            self._cond.notify_all()
+
+    def slots(self) -> list[dict[str, Any]]:
+        """Per slot, as llama-server's /slots: state, context, cached tokens, request id, tau so far."""
+        out = []
+        with self._cond:
+            for s in range(self.engine.n_slots):
+                a = self._active.get(s)
+                entry: dict[str, Any] = {"id": s, "n_ctx": self.engine.n_ctx}
+                if a is None:
+                    entry.update(state="idle", n_cached=self._held[s], request_id=None,
+                                 last_request_id=self._last_request[s] or None)
+                else:
+                    entry.update(state="prefill" if a.t_first is None else "generating",
+                                 n_cached=len(a.req.prompt_tokens) + len(a.tokens), request_id=a.req.request_id,
+                                 n_prompt=len(a.req.prompt_tokens), n_decoded=len(a.tokens), tau=a.tau)
+                out.append(entry)
+        return out
+
     # ------------------------------------------------------------ scheduler thread
 
     def _run(self) -> None:
@@ -159,13 +221,25 @@ class Scheduler:
                         self._cond.wait()
                     if self._stopping:
                         break
+                    self.progress_at = time.monotonic()
                     t_iter = time.perf_counter()
+                    self._end_aborted()
                     self._drop_cancelled_waiting()
-                    self._admit()
-                self._stop_cancelled()
-                native_s = self._step() if self._active else 0.0
+                    self._expire_waiting(t_iter)
+                try:
+                    with self._cond:
+                        self._admit()
+                    self._stop_cancelled()
+                    self._expire_active(t_iter)
+                    if self._faults is not None and self._active:
+                        self._faults.before_step()
+                    native_s = self._step() if self._active else 0.0
+                except Exception as e:  # a native error: the engine's state is unknown
+                    self._recover(e)
+                    continue
+                self.progress_at = time.monotonic()
                 self.metrics.python_seconds.inc(max(0.0, time.perf_counter() - t_iter - native_s))
-        except Exception as e:  # the engine is in an unknown state: fail everything, refuse new work
+        except Exception as e:  # beyond recovery: fail everything, refuse new work
             log.exception("scheduler failed")
             with self._cond:
                 self.fatal = f"engine failure: {e}"
@@ -176,9 +250,69 @@ class Scheduler:
         finally:
             with self._cond:
                 for slot in list(self._active):
-                    self._finish(slot, "aborted")
+                    self._finish(slot, "error", error="server shutting down", status=503)
                 while self._waiting:
-                    self._reject(self._waiting.popleft(), "server shutting down")
+                    self._reject(self._waiting.popleft(), "server shutting down", status=503)
+
+    def _recover(self, error: Exception) -> None:
+        """A step failed: its requests fail (the others wait on), and the engine is made anew."""
+        log.error("engine fault, recovering: %s", error, exc_info=error)
+        self.n_faults += 1
+        self.metrics.faults.inc()
+        with self._cond:
+            self.recovering = True
+            for slot in list(self._active):
+                self._finish(slot, "error", error=f"engine fault: {error}")
+        for attempt in range(1, RECOVERY_ATTEMPTS + 1):
+            try:
+                if self._faults is not None:
+                    self._faults.before_recover()
+                self.engine.recover()
+                break
+            except Exception as e:
+                if attempt == RECOVERY_ATTEMPTS:
+                    raise
+                log.error("engine recovery %d/%d failed: %s", attempt, RECOVERY_ATTEMPTS, e)
+                time.sleep(RECOVERY_BACKOFF_S * attempt)
+        self._held = [0] * self.engine.n_slots
+        self.metrics.engine_stats(self.engine.stats(), baseline=True)
+        self.metrics.recoveries.inc()
+        self.progress_at = time.monotonic()
+        with self._cond:
+            self.recovering = False
+        log.warning("engine recovered")
+
+    def _end_aborted(self) -> None:
+        if self._abort is None:
+            return
+        for slot in list(self._active):
+            self._finish(slot, "error", error=self._abort, status=503)
+        while self._waiting:
+            self._reject(self._waiting.popleft(), self._abort, status=503)
+
+    def _expire_waiting(self, now: float) -> None:
+        """Requests past their queue bound or their deadline leave the queue (503)."""
+        def expired(r: GenerationRequest) -> bool:
+            return any(t is not None and now > t for t in (r.queue_deadline, r.deadline))
+
+        if not any(expired(r) for r in self._waiting):
+            return
+        kept: deque[GenerationRequest] = deque()
+        for r in self._waiting:
+            if expired(r):
+                self.metrics.timeouts.labels(stage="queue").inc()
+                self._reject(r, f"no slot became free within {now - r.t_arrival:.1f} s; retry later", status=503)
+            else:
+                kept.append(r)
+        self._waiting = kept
+        self.metrics.waiting.set(len(self._waiting))
+
+    def _expire_active(self, now: float) -> None:
+        """--timeout: a request past its deadline ends as if it had reached max_tokens."""
+        for slot, a in list(self._active.items()):
+            if a.req.deadline is not None and now > a.req.deadline:
+                self.metrics.timeouts.labels(stage="generation").inc()
+                self._finish(slot, "length")
 
     def _drop_cancelled_waiting(self) -> None:
         kept = deque(r for r in self._waiting if not r.cancelled)
@@ -193,18 +327,23 @@ class Scheduler:
         free = [s for s in range(self.engine.n_slots) if s not in self._active]
         while free and self._waiting:
             req = self._waiting.popleft()
-            slot = self._pick_slot(free, req.prompt_tokens)
+            try:
+                slot = self._pick_slot(free, req.prompt_tokens)
+            except Exception:  # the engine failed: the request waits for the recovered one
+                self._waiting.appendleft(req)
+                raise
             s = req.sampling
             try:
                 cached = self.engine.cached_prefix(slot, req.prompt_tokens)
                 self.engine.start(slot, req.prompt_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                                   min_p=s.min_p, seed=s.seed, **req.engine_options)
-            except Exception as e:  # bad parameters the handler did not catch: this request only
-                self._reject(req, str(e))
+            except Exception as e:  # parameters the engine refuses (the handler checks them first): this request
+                self._reject(req, str(e), status=400)
                 continue
             free.remove(slot)
             self._active[slot] = _Active(req, TextStream(self._token_bytes, req.stop),
                                          clock=RequestClock(n_prompt=len(req.prompt_tokens), n_cached=cached))
+            self._last_request[slot] = req.request_id or ""
         self.metrics.waiting.set(len(self._waiting))
         self.metrics.running.set(len(self._active))
 
@@ -217,9 +356,9 @@ class Scheduler:
         tokens = np.ascontiguousarray(prompt, dtype=np.int32)  # once, not once per slot
         return max(free, key=lambda s: (self.engine.cached_prefix(s, tokens), -s))
 
-    def _reject(self, req: GenerationRequest, message: str) -> None:
-        self.metrics.requests.labels(status="error").inc()
-        req.emit(Finished("", "error", len(req.prompt_tokens), 0, error=message))
+    def _reject(self, req: GenerationRequest, message: str, status: int = 500) -> None:
+        self.metrics.requests.labels(status="invalid" if status == 400 else "error").inc()
+        req.emit(Finished("", "error", len(req.prompt_tokens), 0, error=message, status=status))
 
     def _stop_cancelled(self) -> None:
         for slot, a in list(self._active.items()):
@@ -246,14 +385,24 @@ class Scheduler:
                 a.t_first = now
                 self.metrics.ttft.observe(now - a.req.t_arrival)
                 self.metrics.prompt_tokens.inc(len(a.req.prompt_tokens))
-            entries = self.engine.take_logprobs(slot) if committed and "logprobs" in a.req.engine_options else None
-            n_before = len(a.tokens)
-            reason = self._deliver(a, committed)
-            if entries is not None:
-                kept = entries[: len(a.tokens) - n_before]  # not the EOS, nor what a stop cut off
-                a.logprobs.extend(kept)
-                if kept:
-                    a.req.emit(Logprobs(kept))
+            try:
+                if self._faults is not None:
+                    self._faults.on_deliver(slot)
+                entries = self.engine.take_logprobs(slot) if committed and "logprobs" in a.req.engine_options else None
+                n_before = len(a.tokens)
+                reason = self._deliver(a, committed)
+                a.n_steps += bool(committed)  # after the tokens: /slots, reading meanwhile, never sees tau < 1
+                if entries is not None:
+                    kept = entries[: len(a.tokens) - n_before]  # not the EOS, nor what a stop cut off
+                    a.logprobs.extend(kept)
+                    if kept:
+                        a.req.emit(Logprobs(kept))
+            except Exception as e:  # this slot's text handling failed: only its request fails
+                log.exception("delivering slot %d", slot)
+                self.n_faults += 1
+                self.metrics.faults.inc()
+                self._finish(slot, "error", error=f"slot {slot} failed: {e}")
+                continue
             if reason is not None:
                 self._finish(slot, reason)
         return native_s
@@ -273,8 +422,9 @@ class Scheduler:
                 return "length"
         return None
 
-    def _finish(self, slot: int, reason: str, error: str | None = None) -> None:
+    def _finish(self, slot: int, reason: str, error: str | None = None, status: int = 500) -> None:
         a = self._active.pop(slot)
+        self._held[slot] = len(a.req.prompt_tokens) + len(a.tokens)
         try:
             self.engine.stop(slot)
         except Exception:  # stop only fails on a bad slot index: nothing to free then
@@ -298,7 +448,8 @@ class Scheduler:
         self.metrics.running.set(len(self._active))
         req.emit(Finished(a.text.text, reason, len(req.prompt_tokens), n, error=error, tokens=a.tokens,
                           timings=timings(a.clock, time.perf_counter(), n, self._slot_stats(slot)),
-                          logprobs=a.logprobs if "logprobs" in req.engine_options else None))
+                          logprobs=a.logprobs if "logprobs" in req.engine_options else None,
+                          status=status, tau=a.tau))
 
     def _slot_stats(self, slot: int) -> dict[str, Any] | None:
         """The engine's own counters of the slot's last request, where it keeps them."""

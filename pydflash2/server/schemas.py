@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .validation import Int32, NonNegativeInt32
+
 MAX_STOP = 4
 
 
@@ -18,15 +20,15 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: Int32 | None = None
     # None: the server's default (llama-server's: 0.8, 0.95, 40, 0.05; `serve --temp/--top-p/--top-k/--min-p`)
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: NonNegativeInt32 | None = None
     min_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int = 1
+    n: Int32 = 1
     stream: bool = False
     # extension (as vLLM's): the completion's token ids in choices[0].token_ids (non-streamed answers)
     return_token_ids: bool = False

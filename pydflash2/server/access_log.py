@@ -1,0 +1,76 @@
+"""Request ids and the access log, as an ASGI middleware around everything else.
+
+Each HTTP request gets an id: the client's X-Request-Id when it sends a sane one
+(printable ASCII, at most 128 characters), else a new one; the response echoes
+it in X-Request-Id. The request's arrival time and id go into scope["state"]
+(request.state.arrival / request.state.request_id for the handlers). When the
+response ends, one line at INFO on the "pydflash2.access" logger:
+
+    rid=... POST /v1/completions 200 prompt=12 completion=16 tau=2.29 1.234s
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("pydflash2.access")
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
+HEADER = b"x-request-id"
+
+
+def _request_id(scope: Scope) -> str:
+    for name, value in scope.get("headers", ()):
+        if name == HEADER:
+            text = value.decode("latin-1")
+            if _REQUEST_ID.fullmatch(text):
+                return text
+    return uuid.uuid4().hex
+
+
+class AccessLog:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        rid = _request_id(scope)
+        state: dict[str, Any] = scope.setdefault("state", {})
+        state["arrival"], state["request_id"] = t0, rid
+        status = 0
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), (HEADER, rid.encode("latin-1"))]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            self._log(scope, state, rid, status, time.perf_counter() - t0)
+
+    @staticmethod
+    def _log(scope: Scope, state: dict[str, Any], rid: str, status: int, seconds: float) -> None:
+        if not log.isEnabledFor(logging.INFO):
+            return
+        parts = [f"rid={rid}", scope["method"], scope["path"], str(status or "-")]
+        gen = state.get("generation")
+        outcome = getattr(gen, "outcome", None)
+        if outcome is not None:
+            tau = "-" if outcome.tau is None else f"{outcome.tau:.2f}"
+            parts += [f"prompt={outcome.prompt_tokens}", f"completion={outcome.completion_tokens}", f"tau={tau}",
+                      f"finish={outcome.finish_reason}"]
+        elif gen is not None:
+            parts += [f"prompt={len(gen.prompt_tokens)}", "completion=0"]
+        parts.append(f"{seconds:.3f}s")
+        log.info(" ".join(parts))

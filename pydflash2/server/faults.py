@@ -1,0 +1,72 @@
+"""Fault injection, for tests only: off unless the environment variable
+PYDFLASH2_FAULT_INJECT names a trigger file.
+
+Each time the scheduler is about to step the engine it looks for that file;
+when present, the file is consumed (deleted) and its one line says what to do:
+
+    step [HOLD_S]   the engine step raises, as a native error would (every request
+                    of that step fails; the engine recovers, and waits HOLD_S
+                    seconds first so that a test can see /health say "degraded")
+    slot N          delivering slot N's tokens raises (only that slot's request fails)
+    stall S         the step sleeps S seconds (the stall watchdog's case)
+
+A production server never sets the variable: then nothing is looked up at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..speculator import GenerationError
+
+ENV = "PYDFLASH2_FAULT_INJECT"
+log = logging.getLogger("pydflash2.server")
+
+
+class InjectedFault(GenerationError):
+    """Raised where a native call would fail."""
+
+
+@dataclass
+class FaultInjector:
+    trigger: Path
+    hold_s: float = 0.0  # the recovery's wait, from the last "step" fault
+    slot: int | None = None  # a pending "slot N" fault
+
+    @classmethod
+    def from_env(cls) -> FaultInjector | None:
+        path = os.environ.get(ENV)
+        if not path:
+            return None
+        log.warning("fault injection is ON (%s=%s): a test setting, never for serving", ENV, path)
+        return cls(Path(path))
+
+    def before_step(self) -> None:
+        try:
+            order = self.trigger.read_text().split()
+            self.trigger.unlink()
+        except FileNotFoundError:
+            return
+        log.warning("injected fault: %s", " ".join(order))
+        kind, arg = (order + ["", ""])[:2]
+        if kind == "step":
+            self.hold_s = float(arg or 0)
+            raise InjectedFault("injected fault in the engine step")
+        if kind == "slot":
+            self.slot = int(arg)
+        elif kind == "stall":
+            time.sleep(float(arg))
+
+    def on_deliver(self, slot: int) -> None:
+        if self.slot == slot:
+            self.slot = None
+            raise InjectedFault(f"injected fault delivering slot {slot}'s tokens")
+
+    def before_recover(self) -> None:
+        if self.hold_s > 0:
+            time.sleep(self.hold_s)
+            self.hold_s = 0.0
