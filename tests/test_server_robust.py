@@ -245,7 +245,7 @@ def test_request_past_timeout_ends_and_frees_its_slot(server: ServerProcess) -> 
     out = r.json()
     assert out["choices"][0]["finish_reason"] == "length"
     assert 0 < out["usage"]["completion_tokens"] < N_CTX - 16
-    assert TIMEOUT_S * 0.9 <= took < TIMEOUT_S + 5, took
+    assert TIMEOUT_S * 0.9 <= took < TIMEOUT_S + 10, took  # + a step or two on a loaded machine
     slots = httpx.get(server.url + "/slots", headers=AUTH, timeout=10).json()
     assert all(s["state"] == "idle" for s in slots), slots
     # a stream past the timeout ends the same way: a final chunk, then [DONE]
