@@ -145,11 +145,14 @@ class BatchEngine:
     # ------------------------------------------------------------ slots
 
     def start(self, slot: int, tokens: Sequence[int], *, temperature: float = 0.0, top_k: int = 0,
-              top_p: float = 1.0, min_p: float = 0.0, seed: int = 0) -> None:
+              top_p: float = 1.0, min_p: float = 0.0, seed: int = 0, max_tokens: int = 0) -> None:
+        """Queues a request on an idle slot. max_tokens > 0: no step drafts past that many tokens."""
         arr = np.ascontiguousarray(tokens, dtype=np.int32)
+        sampling = ffi.new("pdf2_sampling *", {"temperature": float(temperature), "top_k": int(top_k),
+                                               "top_p": float(top_p), "min_p": float(min_p), "seed": int(seed),
+                                               "max_tokens": int(max_tokens)})
         _check(lib.pdf2_batch_engine_start(self._h, int(slot), ffi.from_buffer("int32_t[]", arr), len(arr),
-                                           float(temperature), int(top_k), float(top_p), float(min_p), int(seed)),
-               "start")
+                                           sampling), "start")
 
     def cached_prefix(self, slot: int, tokens: Sequence[int]) -> int:
         """Prompt tokens an idle slot already holds (start() there prefills only the rest)."""
