@@ -18,7 +18,7 @@ import ctypes
 import functools
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from . import capture as feature_capture
 from ._native import ffi, lib
 from .drafter import Drafter
 from .exactness import ExactnessUnavailable
+from .sampling import SamplingRequest, TokenLogprob, step_logprobs
 from .text_stream import TextStream
 
 SELECTORS = {"auto": -1, "greedy": 0, "sample": 1, "viterbi": 2}
@@ -48,6 +49,8 @@ class Completion:
     tokens: list[int]
     finish_reason: str  # "stop" | "length" | "eos" | "context"
     stats: dict[str, Any] = field(default_factory=dict)
+    # one per token when logprobs were asked for (else None)
+    logprobs: list[TokenLogprob] | None = None
 
 
 def _check(rc: int, what: str) -> int:
@@ -290,7 +293,7 @@ class Speculator:
 
     def measure_costs(self, prompt_tokens: Sequence[int], reps: int = 5) -> dict[str, list[float]]:
         """Times target decodes of 1..max_draft+1 tokens and drafter blocks after prompt_tokens."""
-        self._begin(list(prompt_tokens), 0.0, 0, 1.0, 0.0, 0, 0)
+        self._begin(list(prompt_tokens), SamplingRequest())
         v = np.zeros(self.max_draft + 1, dtype=np.float64)
         d = np.zeros(self.max_draft, dtype=np.float64)
         try:
@@ -305,15 +308,12 @@ class Speculator:
             self._end()
         return {"verify_s": v.tolist(), "draft_s": d.tolist()}
 
-    def _begin(self, tokens: list[int], temperature: float, top_k: int, top_p: float, min_p: float, seed: int,
-               max_tokens: int) -> int:
+    def _begin(self, tokens: list[int], sampling: SamplingRequest) -> int:
         """Starts the request on the engine's slot and prefills it; returns the first token."""
         arr = np.ascontiguousarray(tokens, dtype=np.int32)
         self.llm.reset()  # the Llama object must not trust its KV cache after we used it
-        sampling = ffi.new("pdf2_sampling *", {"temperature": temperature, "top_k": top_k, "top_p": top_p,
-                                               "min_p": min_p, "seed": seed, "max_tokens": max_tokens})
-        _check(lib.pdf2_batch_engine_start(self._engine, 0, ffi.from_buffer("int32_t[]", arr), len(arr), sampling),
-               "start")
+        _check(lib.pdf2_batch_engine_start(self._engine, 0, ffi.from_buffer("int32_t[]", arr), len(arr),
+                                           sampling.struct), "start")
         try:
             first: list[int] = []
             while not first:  # prompt chunks, the last of which samples the first token
@@ -358,10 +358,31 @@ class Speculator:
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
         chat: bool = True,
+        *,
+        grammar: str | None = None,
+        logit_bias: Mapping[int, float] | None = None,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        repeat_penalty: float = 1.0,
+        repeat_last_n: int = 64,
+        logprobs: int | None = None,
     ) -> Iterator[str]:
         """Yields text as it becomes final. When the generator is exhausted,
         self.last holds the Completion. Closing it early leaves the Speculator
-        ready for the next request."""
+        ready for the next request.
+
+        The sampler chain is llama-cpp-python's, with llama.cpp's own samplers:
+        logit_bias (token id -> added to its logit; -inf: never), the penalties
+        (repeat_penalty, frequency_penalty, presence_penalty over the last
+        repeat_last_n generated tokens, -1: all; llama-cpp-python's
+        last_n_tokens_size is 64), grammar (GBNF text with a `root` rule, e.g.
+        from llama_cpp.llama_grammar.json_schema_to_gbnf), then top_k, top_p,
+        min_p and temperature. Greedy output (temperature 0) is plain greedy
+        decoding's with the same settings; drafts the grammar forbids are
+        rejected at verification. logprobs: None (off), or N in 0..20: every
+        token's log-probability and its N most likely alternatives, in
+        Completion.logprobs (the log-softmax of the target's raw logits, as
+        llama-cpp-python and llama-server report them)."""
         if max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         stops = [stop] if isinstance(stop, str) else list(stop or [])
@@ -371,8 +392,13 @@ class Speculator:
         t_start = time.perf_counter()
         engine0 = self.engine_stats()
         self.context_full = False
-        first = self._begin(tokens, float(temperature), int(top_k), float(top_p), float(min_p), int(seed),
-                            int(max_tokens))
+        sampling = SamplingRequest(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, max_tokens=max_tokens,
+            grammar=grammar, logit_bias=logit_bias, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+            logprobs=logprobs)
+        n_top = sampling.n_logprobs
+        first = self._begin(tokens, sampling)
         ttft = time.perf_counter() - t_start
         # the Python side of the request: everything between native calls (text, stop strings,
         # EOS checks, the consumer of this generator), summed interval by interval
@@ -380,16 +406,20 @@ class Speculator:
         t_native_done = time.perf_counter()
         text = TextStream(self._token_bytes, stops)
         out: list[int] = []
+        out_lp: list[TokenLogprob] = []
         finish = "length"
         pending = [first]
+        pending_lp = step_logprobs(self._engine, 0, pending, n_top) if n_top >= 0 else []
         self.last: Completion | None = None
         try:
             while True:
-                for tok in pending:
+                for i, tok in enumerate(pending):
                     if self._is_eog(tok):
                         finish = "eos"
                         break
                     out.append(tok)
+                    if pending_lp:
+                        out_lp.append(pending_lp[i])
                     piece = text.push(tok)
                     if piece:
                         yield piece
@@ -402,6 +432,8 @@ class Speculator:
                 else:
                     python_s += time.perf_counter() - t_native_done
                     pending = self._step()
+                    if n_top >= 0:
+                        pending_lp = step_logprobs(self._engine, 0, pending, n_top)
                     t_native_done = time.perf_counter()
                     if pending:
                         continue
@@ -416,7 +448,8 @@ class Speculator:
         python_s += elapsed - (t_native_done - t_start)
         self.llm.reset()
         self.last = Completion(text=text.text, tokens=out, finish_reason=finish,
-                               stats=self._stats(engine0, len(out), ttft, elapsed, python_s))
+                               stats=self._stats(engine0, len(out), ttft, elapsed, python_s),
+                               logprobs=out_lp if n_top >= 0 else None)
 
     def generate(self, prompt: str | Sequence[int] | Sequence[dict[str, str]], **kwargs: Any) -> Completion:
         """Runs stream() to the end and returns the Completion."""

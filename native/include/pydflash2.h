@@ -162,9 +162,19 @@ int pdf2_batch_engine_set_costs(pdf2_batch_engine * e, const double * verify_s, 
 /* Measures those costs on a slot whose prefill is done (its state is restored). */
 int pdf2_batch_engine_measure_costs(pdf2_batch_engine * e, int32_t slot, int32_t reps, double * verify_s,
                                     int32_t n_verify, double * draft_s, int32_t n_draft);
-/* A request's sampling: temperature 0 = greedy; top_k <= 0, top_p 1, min_p 0
- * are off. max_tokens > 0: the request wants at most that many tokens, so no
- * step drafts past them (<= 0: no limit; the caller stops the slot). */
+/* A request's sampler chain, applied as llama-cpp-python applies it, with
+ * llama.cpp's own samplers: logit bias, penalties, grammar, then (temperature
+ * > 0) top-k, top-p, min-p, temperature; greedy (temperature 0) takes the
+ * argmax after bias, penalties and grammar. top_k <= 0, top_p 1, min_p 0 are
+ * off. logit_bias: n_logit_bias (token id, bias) pairs added to the logits (-inf:
+ * never). repeat_penalty (1 off), frequency_penalty and presence_penalty (0
+ * off) over the last repeat_last_n committed tokens (-1: the whole context).
+ * grammar: GBNF text with a `root` rule, NULL or "" for none (a text llama.cpp
+ * cannot parse fails start()). n_logprobs: -1 none, else each committed
+ * token's log-probability and its top n_logprobs (<= 20) alternatives.
+ * max_tokens > 0: the request wants at most that many tokens, so no step
+ * drafts past them (<= 0: no limit; the caller stops the slot). Every value is
+ * checked before llama.cpp sees it. */
 typedef struct pdf2_sampling {
     float temperature;
     int32_t top_k;
@@ -172,6 +182,15 @@ typedef struct pdf2_sampling {
     float min_p;
     uint64_t seed;
     int32_t max_tokens;
+    float repeat_penalty;
+    float frequency_penalty;
+    float presence_penalty;
+    int32_t repeat_last_n;
+    const char * grammar;
+    const int32_t * logit_bias_tokens;
+    const float * logit_bias_values;
+    int32_t n_logit_bias;
+    int32_t n_logprobs;
 } pdf2_sampling;
 /* Queues a prompt on an idle slot (prefilled by the next steps; its first
  * token comes with the step that finishes the prefill). 0 / -1. */
@@ -187,6 +206,14 @@ int pdf2_batch_engine_stop(pdf2_batch_engine * e, int32_t slot);
  * rows decoded (0 = every slot idle), -1 on failure. */
 int32_t pdf2_batch_engine_step(pdf2_batch_engine * e, int32_t * counts, int32_t n_counts, int32_t * tokens,
                                int32_t n_tokens);
+/* Log-probabilities of the tokens the slot's last step committed (its request
+ * asked for n_logprobs >= 0): logprob[i] of committed token i, top_ids /
+ * top_logprobs [i][n_top] its n_top most likely alternatives (n_top = the
+ * request's n_logprobs; most likely first). Each is the log-softmax of the
+ * target's raw logits, as llama-server's n_probs and llama-cpp-python's
+ * logprobs report them. Returns the count (<= capacity), -1 on failure. */
+int32_t pdf2_batch_engine_logprobs(pdf2_batch_engine * e, int32_t slot, float * logprob, int32_t * top_ids,
+                                   float * top_logprobs, int32_t n_top, int32_t capacity);
 /* JSON: engine-wide counters since creation (drafts, accepted per position, seconds...). */
 char * pdf2_batch_engine_stats_json(pdf2_batch_engine * e);
 /* JSON: the slot's current or last request (prompt rows, tokens, steps, tau,

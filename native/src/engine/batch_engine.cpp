@@ -225,7 +225,8 @@ void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, const
             throw Error("token id " + std::to_string(t) + " is outside the target vocabulary");
         }
     }
-    auto sampler = std::make_unique<TargetSampler>(sampling, target_.n_vocab());  // validates the parameters
+    // validates every parameter (the grammar too) before the slot changes
+    auto sampler = std::make_unique<TargetSampler>(sampling, target_.vocab(), opts_.n_ctx_slot);
     if (borrowed_) {
         // the owner may have decoded in its context since, and other engines may share it:
         // its taps are set for this engine again, and nothing it holds is trusted
@@ -509,6 +510,9 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
     } add_step_time{stats_.step_s, Clock::now()};
     counts.assign(slots_.size(), 0);
     tokens.assign(slots_.size() * (static_cast<size_t>(max_draft_) + 1), -1);
+    for (Slot & s : slots_) {
+        s.n_logprobs = 0;
+    }
     int rows = 0;
 
     // 1. drafts. Every decoding slot verifies the same number of rows: llama.cpp
@@ -639,7 +643,7 @@ void BatchEngine::finish_decode(int idx, Slot & s, std::vector<int32_t> & counts
     const int n = static_cast<int>(s.drafts.size());
     const double head_s0 = target_.lazy_head_seconds();
     const LogitRows row = [this, &s](int j) { return row_logits(s.row0 + j); };
-    const VerifyResult v = s.sampler->params().greedy() ? verify_greedy(s.drafts, row, target_.n_vocab())
+    const VerifyResult v = s.sampler->params().greedy() ? verify_greedy(s.drafts, row, *s.sampler)
                                                          : verify_stochastic(s.drafts, s.q, row, *s.sampler);
     const int k = v.n_accepted;
     if (n > 0) {
@@ -650,6 +654,12 @@ void BatchEngine::finish_decode(int idx, Slot & s, std::vector<int32_t> & counts
     stats_.verify_decode_s += head_s;
     stats_.decode_s += head_s;
     stats_.verify_logic_s += seconds_since(t0) - head_s;
+    if (s.sampler->params().n_logprobs >= 0) {
+        s.n_logprobs = 0;
+        for (int j = 0; j <= k; ++j) {  // rows the verify read: the head ran for them already
+            record_logprob(s, row(j), j < k ? s.drafts[static_cast<size_t>(j)] : v.next);
+        }
+    }
     queue_rows(s, s.row0, k + 1, s.pos);  // anchor + accepted drafts are committed
     s.history.push_back(s.anchor);
     s.history.insert(s.history.end(), s.drafts.begin(), s.drafts.begin() + k);
@@ -693,11 +703,16 @@ void BatchEngine::finish_prefill(int idx, Slot & s, std::vector<int32_t> & count
     const float * logits = row_logits(s.row0 + s.n_rows - 1);
     llama_token first;
     if (s.sampler->params().greedy()) {
-        first = argmax_token(logits, target_.n_vocab());
+        first = s.sampler->greedy(logits);
     } else {
         SparseDist p;
         s.sampler->distribution(logits, p);
         first = s.sampler->draw(p);
+    }
+    s.sampler->accept(first);
+    if (s.sampler->params().n_logprobs >= 0) {
+        s.n_logprobs = 0;
+        record_logprob(s, logits, first);
     }
     s.state = State::Decode;
     s.pos = s.n_prefilled;
@@ -706,6 +721,21 @@ void BatchEngine::finish_prefill(int idx, Slot & s, std::vector<int32_t> & count
     counts[static_cast<size_t>(idx)] = 1;
     stats_.n_generated += 1;
     s.stats.n_generated += 1;
+}
+
+void BatchEngine::record_logprob(Slot & s, const float * logits, llama_token token) {
+    if (s.logprobs.size() <= static_cast<size_t>(s.n_logprobs)) {
+        s.logprobs.resize(static_cast<size_t>(s.n_logprobs) + 1);
+    }
+    token_logprob(logits, target_.n_vocab(), token, s.sampler->params().n_logprobs,
+                  s.logprobs[static_cast<size_t>(s.n_logprobs)]);
+    s.n_logprobs += 1;
+}
+
+const std::vector<TokenLogprob> & BatchEngine::logprobs(int slot, int32_t & n_committed) {
+    Slot & s = slot_at(slot);
+    n_committed = s.n_logprobs;
+    return s.logprobs;
 }
 
 void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify_s, std::vector<double> & draft_s) {

@@ -132,6 +132,10 @@ class BatchEngine {
     // The slot's current (or last) request: its counters and acceptance estimate.
     std::string slot_stats_json(int slot);
 
+    // Log-probabilities of the tokens the slot's last step committed (empty unless
+    // its request asked for logprobs; entries past n_committed are stale).
+    const std::vector<TokenLogprob> & logprobs(int slot, int32_t & n_committed);
+
     // Hands a borrowed context back as it was (no layer-input taps); call while it lives.
     void release_target() { target_.release(); }
 
@@ -153,6 +157,8 @@ class BatchEngine {
         llama_token anchor = -1;
         SlotStats stats;
         std::unique_ptr<TargetSampler> sampler;
+        std::vector<TokenLogprob> logprobs;  // of the tokens the last step committed (when asked for)
+        int32_t n_logprobs = 0;              // ... how many of them are valid
         DraftLengthPolicy policy{0};
         std::vector<float> queued_features;  // committed rows not yet injected into the drafter
         std::vector<int32_t> queued_positions;
@@ -189,6 +195,7 @@ class BatchEngine {
     void init(const std::vector<Drafter *> & drafters, bool has_head);
     void finish_decode(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     void finish_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
+    void record_logprob(Slot & s, const float * logits, llama_token token);
     Slot & slot_at(int slot);
     // &own_capture_ when the target's features need the evaluation callback (no taps), else null
     CallbackCapture * capture_for(const llama_model * model, const std::vector<int32_t> & layers);

@@ -123,12 +123,26 @@ extern "C" int pdf2_batch_engine_start(pdf2_batch_engine * e, int32_t slot, cons
         if (sampling == nullptr) {
             throw pdf2::Error("sampling parameters are NULL");
         }
+        const pdf2_sampling & in = *sampling;
         pdf2::SamplingParams sp;
-        sp.temperature = sampling->temperature;
-        sp.top_k = sampling->top_k;
-        sp.top_p = sampling->top_p;
-        sp.min_p = sampling->min_p;
-        sp.seed = sampling->seed;
+        sp.temperature = in.temperature;
+        sp.top_k = in.top_k;
+        sp.top_p = in.top_p;
+        sp.min_p = in.min_p;
+        sp.seed = in.seed;
+        sp.repeat_penalty = in.repeat_penalty;
+        sp.frequency_penalty = in.frequency_penalty;
+        sp.presence_penalty = in.presence_penalty;
+        sp.repeat_last_n = in.repeat_last_n;
+        sp.grammar = in.grammar != nullptr ? in.grammar : "";
+        if (in.n_logit_bias < 0 || (in.n_logit_bias > 0 && (in.logit_bias_tokens == nullptr ||
+                                                              in.logit_bias_values == nullptr))) {
+            throw pdf2::Error("logit_bias arrays are NULL");
+        }
+        for (int32_t i = 0; i < in.n_logit_bias; ++i) {
+            sp.logit_bias.push_back(llama_logit_bias{in.logit_bias_tokens[i], in.logit_bias_values[i]});
+        }
+        sp.n_logprobs = in.n_logprobs;
         get(e).start(slot, std::vector<llama_token>(prompt, prompt + n_prompt), sp, sampling->max_tokens);
         return 0;
     });
@@ -171,6 +185,29 @@ extern "C" int32_t pdf2_batch_engine_step(pdf2_batch_engine * e, int32_t * count
 
 extern "C" char * pdf2_batch_engine_stats_json(pdf2_batch_engine * e) {
     return pdf2::guarded<char *>(nullptr, [&] { return pdf2::dup_string(get(e).stats_json()); });
+}
+
+extern "C" int32_t pdf2_batch_engine_logprobs(pdf2_batch_engine * e, int32_t slot, float * logprob, int32_t * top_ids,
+                                              float * top_logprobs, int32_t n_top, int32_t capacity) {
+    return pdf2::guarded<int32_t>(-1, [&] {
+        if (logprob == nullptr || n_top < 0 || capacity < 0 || (n_top > 0 && (top_ids == nullptr ||
+                                                                             top_logprobs == nullptr))) {
+            throw pdf2::Error("logprobs buffers are NULL");
+        }
+        int32_t n = 0;
+        const std::vector<pdf2::TokenLogprob> & lp = get(e).logprobs(slot, n);
+        n = std::min(n, capacity);
+        for (int32_t i = 0; i < n; ++i) {
+            const pdf2::TokenLogprob & t = lp[static_cast<size_t>(i)];
+            logprob[i] = t.logprob;
+            for (int32_t j = 0; j < n_top; ++j) {
+                const bool have = static_cast<size_t>(j) < t.top_ids.size();
+                top_ids[i * n_top + j] = have ? t.top_ids[static_cast<size_t>(j)] : -1;
+                top_logprobs[i * n_top + j] = have ? t.top_logprobs[static_cast<size_t>(j)] : 0.0f;
+            }
+        }
+        return n;
+    });
 }
 
 extern "C" char * pdf2_batch_engine_slot_stats_json(pdf2_batch_engine * e, int32_t slot) {
