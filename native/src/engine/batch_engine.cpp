@@ -401,6 +401,9 @@ void BatchEngine::draft(Slot & s, int n) {
     const float walk_t = mode == WalkMode::Sample ? s.sampler->params().temperature : 0.0f;
     const WalkResult w = s.drafter->walk(mode, walk_t, s.sampler->rng()(), opts_.q_top_k);
     s.drafts.assign(w.tokens.begin(), w.tokens.end());
+    if (mode == WalkMode::Greedy && greedy) {
+        constrain_drafts(s);
+    }
     s.q.resize(s.drafts.size());
     for (size_t j = 0; j < s.drafts.size(); ++j) {
         for (int c = 0; c < w.k; ++c) {
@@ -413,6 +416,48 @@ void BatchEngine::draft(Slot & s, int n) {
     }
     stats_.walk_s += seconds_since(t_walk);
     stats_.draft_s += seconds_since(t0);
+}
+
+// With a grammar, the greedy walk over a DFlash2 lattice takes at each position the best
+// candidate the grammar allows after the drafts before it (a copy of the slot's grammar
+// follows the walk), so that constrained output keeps its acceptance; the block ends where
+// no candidate is allowed. The target's verification decides as always: this only changes
+// which drafts it sees.
+void BatchEngine::constrain_drafts(Slot & s) {
+    const Proposal & prop = s.drafter->last();
+    SamplerPtr g = s.sampler->grammar_copy();
+    if (!g || prop.lattice.n_pos <= 0) {
+        return;
+    }
+    const Lattice & lat = prop.lattice;
+    const int n = std::min<int>(lat.n_pos, static_cast<int>(s.drafts.size()));
+    std::vector<int> order(static_cast<size_t>(lat.k));
+    int prev = 0;  // position 0: every predecessor row is the anchor's
+    s.drafts.clear();
+    for (int i = 0; i < n; ++i) {
+        const float * row = lat.row(i, prev);
+        for (int c = 0; c < lat.k; ++c) order[static_cast<size_t>(c)] = c;
+        std::stable_sort(order.begin(), order.end(), [row](int a, int b) { return row[a] > row[b]; });
+        int pick = -1;
+        for (const int c : order) {
+            const llama_token t = lat.cand[static_cast<size_t>(i) * lat.k + static_cast<size_t>(c)];
+            if (t >= 0 && t < target_.n_vocab() && grammar_allows(g.get(), t)) {
+                pick = c;
+                break;
+            }
+        }
+        if (pick < 0) {
+            break;
+        }
+        const llama_token t = lat.cand[static_cast<size_t>(i) * lat.k + static_cast<size_t>(pick)];
+        if (llama_vocab_is_eog(target_.vocab(), t)) {
+            s.drafts.push_back(t);  // nothing follows an end of generation
+            break;
+        }
+        llama_sampler_accept(g.get(), t);
+        s.drafts.push_back(t);
+        prev = pick;
+    }
 }
 
 void BatchEngine::add_row(llama_token token, int32_t pos, int seq, bool logits) {
@@ -569,7 +614,7 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
             n = std::max(0, std::min<int>(n, s.max_tokens - static_cast<int>(s.stats.n_generated) - 1));
         }
         draft(s, n);
-        groups[n + 1].push_back(static_cast<int>(i));
+        groups[static_cast<int>(s.drafts.size()) + 1].push_back(static_cast<int>(i));  // a grammar may end it early
     }
 
     // 2. one target decode per group of equal rows (normally one), slots in order.

@@ -183,6 +183,7 @@ class BatchEngine {
     int choose_n_draft(Slot & s);
     int batch_draft_length(const std::vector<size_t> & decoding) const;
     void draft(Slot & s, int n);
+    void constrain_drafts(Slot & s);  // greedy drafts the slot's grammar allows
     void queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0);
     int32_t reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt);
     void flush_rows(Slot & s);

@@ -94,6 +94,8 @@ namespace {
 
 bool finite(float x) { return std::isfinite(x); }
 
+}  // namespace
+
 // The grammar's verdict on one token (the sampler masks a disallowed token to -inf).
 bool grammar_allows(llama_sampler * grammar, llama_token token) {
     llama_token_data one{token, 0.0f, 0.0f};
@@ -101,8 +103,6 @@ bool grammar_allows(llama_sampler * grammar, llama_token token) {
     llama_sampler_apply(grammar, &arr);
     return one.logit != -INFINITY;
 }
-
-}  // namespace
 
 TargetSampler::TargetSampler(const SamplingParams & params, const llama_vocab * vocab, int32_t n_ctx)
     : params_(params), n_vocab_(llama_vocab_n_tokens(vocab)), rng_(params.seed) {
@@ -277,6 +277,10 @@ void TargetSampler::distribution(const float * logits, SparseDist & out) {
     for (float & p : out.probs) {
         p = static_cast<float>(p / sum);
     }
+}
+
+SamplerPtr TargetSampler::grammar_copy() const {
+    return SamplerPtr(grammar_ != nullptr ? llama_sampler_clone(grammar_) : nullptr);
 }
 
 bool TargetSampler::allowed(llama_token token) { return grammar_ == nullptr || grammar_allows(grammar_, token); }

@@ -12,6 +12,7 @@
 #include <llama.h>
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -40,6 +41,14 @@ struct SamplingParams {
         return repeat_last_n != 0 && (repeat_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f);
     }
 };
+
+struct SamplerFree {
+    void operator()(llama_sampler * s) const { llama_sampler_free(s); }
+};
+using SamplerPtr = std::unique_ptr<llama_sampler, SamplerFree>;
+
+// Whether a grammar sampler in its current state allows token next.
+bool grammar_allows(llama_sampler * grammar, llama_token token);
 
 // A committed token's log-probability under the target (the log-softmax of its raw
 // logits, as llama-server's n_probs and llama-cpp-python's logprobs report them), and
@@ -82,6 +91,8 @@ class TargetSampler {
     void accept(llama_token token);
     // Whether the grammar (if any) allows token next.
     bool allowed(llama_token token);
+    // A copy of the grammar in its current state (to try drafts on), null without one.
+    SamplerPtr grammar_copy() const;
 
     // Draws a token from a distribution with this sampler's seeded generator.
     llama_token draw(const SparseDist & dist);
