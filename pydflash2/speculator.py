@@ -6,8 +6,9 @@
     for piece in spec.stream("Tell me a story", temperature=0.7, seed=1):
         print(piece, end="")
 
-The draft-verify loop runs in native code (pdf2_engine_*); this class turns
-prompts into tokens (chat template or raw), releases text through stop
+The draft-verify loop runs in native code: the engine the server runs
+(pdf2_batch_engine_*), with one slot in the Llama's own context. This class
+turns prompts into tokens (chat template or raw), releases text through stop
 strings, and reports finish reasons and statistics.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from .chat_template import chat_prompt_tokens
 from .cpu_threads import default_threads
 from .drafter import Drafter
 from .exactness import ExactnessUnavailable
+from .sampling import SamplingRequest, TokenLogprob, step_logprobs
 from .text_stream import TextStream
 
 SELECTORS = {"auto": -1, "greedy": 0, "sample": 1, "viterbi": 2}
@@ -47,6 +49,8 @@ class Completion:
     tokens: list[int]
     finish_reason: str  # "stop" | "length" | "eos" | "context"
     stats: dict[str, Any] = field(default_factory=dict)
+    # one per token when logprobs were asked for (else None)
+    logprobs: list[TokenLogprob] | None = None
 
 
 def _check(rc: int, what: str) -> int:
@@ -142,7 +146,7 @@ class Speculator:
                 draft,
                 self.llm.model_path,
                 n_ctx=self.llm.n_ctx(),
-                # drafting is generation work: the threads plain decoding uses (see TargetRunner::decode)
+                # drafting is generation work: the threads plain decoding uses (see BatchEngine::decode_batch)
                 n_threads=self.llm.context_params.n_threads,
                 device=device,
             )
@@ -164,26 +168,28 @@ class Speculator:
         head_capturing = self._capturing or own_capturing
         self.lazy_head = bool(lazy_head and self.drafter is not None and head_capturing is not None)
         ctx_addr = ctypes.cast(target_ctx, ctypes.c_void_p).value
-        handle = lib.pdf2_engine_new_capture(
+        max_draft = -1
+        if exact and self.invariance.max_batch is not None:
+            max_draft = self.invariance.max_batch - 1  # larger verify batches take other matmul kernels (exactness.py)
+        handle = lib.pdf2_batch_engine_new_borrowed(
             ffi.cast("void *", ctx_addr),
             self._capturing.capture.handle if self._capturing is not None else ffi.NULL,
+            head_capturing.capture.handle if self.lazy_head and head_capturing is not None else ffi.NULL,
             self.drafter._h if self.drafter is not None else ffi.NULL,
             -1 if n_max == "auto" else int(n_max),
+            max_draft,
             SELECTORS[selector],
             16,
         )
         if handle == ffi.NULL:
             raise GenerationError(_native.last_error())
-        self._engine = ffi.gc(handle, lib.pdf2_engine_free)
-        if self.lazy_head:
-            assert head_capturing is not None
-            _check(lib.pdf2_engine_set_head_capture(self._engine, head_capturing.capture.handle), "set_head_capture")
-        if exact and self.invariance.max_batch is not None:
-            # verify batches larger than this take other matmul kernels (exactness.py)
-            _check(lib.pdf2_engine_cap_draft(self._engine, self.invariance.max_batch - 1), "cap_draft")
-        self.max_draft = int(lib.pdf2_engine_max_draft(self._engine))
+        self._engine = ffi.gc(handle, lib.pdf2_batch_engine_free)
+        self.max_draft = int(lib.pdf2_batch_engine_max_draft(self._engine))
+        # step buffers, made once: the step runs per token
+        self._count = np.zeros(1, dtype=np.int32)
         self._out = np.zeros(self.max_draft + 1, dtype=np.int32)
-        self._out_c = ffi.from_buffer("int32_t[]", self._out)  # made once: the step runs per token
+        self._count_c = ffi.from_buffer("int32_t[]", self._count)
+        self._out_c = ffi.from_buffer("int32_t[]", self._out)
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
         # per token id, memoized: one dict lookup per generated token instead of a C call each
         self._pieces: dict[int, bytes] = {}
@@ -202,7 +208,7 @@ class Speculator:
         """Frees the engine and drafter and returns the target context to plain
         use (a Llama passed in stays usable)."""
         if getattr(self, "_engine", None) is not None:
-            lib.pdf2_engine_release_target(self._engine)
+            lib.pdf2_batch_engine_release_target(self._engine)
             ffi.release(self._engine)
             self._engine = None
         if self.drafter is not None:
@@ -258,7 +264,7 @@ class Speculator:
         v = np.ascontiguousarray(verify_s, dtype=np.float64)
         d = np.ascontiguousarray(draft_s, dtype=np.float64)
         _check(
-            lib.pdf2_engine_set_costs(
+            lib.pdf2_batch_engine_set_costs(
                 self._engine, ffi.from_buffer("double[]", v), len(v), ffi.from_buffer("double[]", d), len(d)
             ),
             "set_costs",
@@ -266,36 +272,57 @@ class Speculator:
 
     def measure_costs(self, prompt_tokens: Sequence[int], reps: int = 5) -> dict[str, list[float]]:
         """Times target decodes of 1..max_draft+1 tokens and drafter blocks after prompt_tokens."""
-        self._begin(list(prompt_tokens), 0.0, 0, 1.0, 0.0, 0)
+        self._begin(list(prompt_tokens), SamplingRequest())
         v = np.zeros(self.max_draft + 1, dtype=np.float64)
         d = np.zeros(self.max_draft, dtype=np.float64)
-        _check(
-            lib.pdf2_engine_measure_costs(
-                self._engine, reps, ffi.from_buffer("double[]", v), len(v), ffi.from_buffer("double[]", d), len(d)
-            ),
-            "measure_costs",
-        )
-        self.llm.reset()
+        try:
+            _check(
+                lib.pdf2_batch_engine_measure_costs(
+                    self._engine, 0, reps, ffi.from_buffer("double[]", v), len(v), ffi.from_buffer("double[]", d),
+                    len(d)
+                ),
+                "measure_costs",
+            )
+        finally:
+            self._end()
         return {"verify_s": v.tolist(), "draft_s": d.tolist()}
 
-    def _begin(self, tokens: list[int], temperature: float, top_k: int, top_p: float, min_p: float, seed: int) -> int:
+    def _begin(self, tokens: list[int], sampling: SamplingRequest) -> int:
+        """Starts the request on the engine's slot and prefills it; returns the first token."""
         arr = np.ascontiguousarray(tokens, dtype=np.int32)
         self.llm.reset()  # the Llama object must not trust its KV cache after we used it
-        return _check(
-            lib.pdf2_engine_begin(
-                self._engine, ffi.from_buffer("int32_t[]", arr), len(arr), temperature, top_k, top_p, min_p, seed
-            ),
-            "begin",
-        )
+        _check(lib.pdf2_batch_engine_start(self._engine, 0, ffi.from_buffer("int32_t[]", arr), len(arr),
+                                           sampling.struct), "start")
+        try:
+            first: list[int] = []
+            while not first:  # prompt chunks, the last of which samples the first token
+                first = self._step()
+            return first[0]
+        except BaseException:
+            self._end()
+            raise
 
-    def _step(self, max_new: int = 0) -> list[int]:
-        """One draft-verify step; max_new > 0 caps its drafts so that no row past
-        the tokens still wanted is verified."""
-        n = _check(lib.pdf2_engine_step(self._engine, self._out_c, len(self._out), int(max_new)), "step")
+    def _step(self) -> list[int]:
+        """One draft-verify step: the committed tokens ([] while prefilling; [] and
+        self.context_full once the context is full)."""
+        _check(lib.pdf2_batch_engine_step(self._engine, self._count_c, 1, self._out_c, len(self._out)), "step")
+        n = int(self._count[0])
+        if n < 0:
+            self.context_full = True
+            return []
         return self._out[:n].tolist()
 
+    def _end(self) -> None:
+        """Frees the slot (a no-op when it is idle)."""
+        _check(lib.pdf2_batch_engine_stop(self._engine, 0), "stop")
+
     def engine_stats(self) -> dict[str, Any]:
-        return _native.take_json(lib.pdf2_engine_stats_json(self._engine), "stats")
+        """Engine-wide counters since creation (times, lazy head rows, graph builds...)."""
+        return _native.take_json(lib.pdf2_batch_engine_stats_json(self._engine), "stats")
+
+    def request_stats(self) -> dict[str, Any]:
+        """The current or last request's counters (tokens, steps, tau, drafted/accepted per position...)."""
+        return _native.take_json(lib.pdf2_batch_engine_slot_stats_json(self._engine, 0), "stats")
 
     # ------------------------------------------------------------ generation
 
@@ -310,10 +337,31 @@ class Speculator:
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
         chat: bool = True,
+        *,
+        grammar: str | None = None,
+        logit_bias: Mapping[int, float] | None = None,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        repeat_penalty: float = 1.0,
+        repeat_last_n: int = 64,
+        logprobs: int | None = None,
     ) -> Iterator[str]:
         """Yields text as it becomes final. When the generator is exhausted,
         self.last holds the Completion. Closing it early leaves the Speculator
-        ready for the next request."""
+        ready for the next request.
+
+        The sampler chain is llama-cpp-python's, with llama.cpp's own samplers:
+        logit_bias (token id -> added to its logit; -inf: never), the penalties
+        (repeat_penalty, frequency_penalty, presence_penalty over the last
+        repeat_last_n generated tokens, -1: all; llama-cpp-python's
+        last_n_tokens_size is 64), grammar (GBNF text with a `root` rule, e.g.
+        from llama_cpp.llama_grammar.json_schema_to_gbnf), then top_k, top_p,
+        min_p and temperature. Greedy output (temperature 0) is plain greedy
+        decoding's with the same settings; drafts the grammar forbids are
+        rejected at verification. logprobs: None (off), or N in 0..20: every
+        token's log-probability and its N most likely alternatives, in
+        Completion.logprobs (the log-softmax of the target's raw logits, as
+        llama-cpp-python and llama-server report them)."""
         if max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         stops = [stop] if isinstance(stop, str) else list(stop or [])
@@ -321,7 +369,15 @@ class Speculator:
         if seed is None:
             seed = int.from_bytes(os.urandom(8), "little") >> 1
         t_start = time.perf_counter()
-        first = self._begin(tokens, float(temperature), int(top_k), float(top_p), float(min_p), int(seed))
+        engine0 = self.engine_stats()
+        self.context_full = False
+        sampling = SamplingRequest(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, max_tokens=max_tokens,
+            grammar=grammar, logit_bias=logit_bias, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+            logprobs=logprobs)
+        n_top = sampling.n_logprobs
+        first = self._begin(tokens, sampling)
         ttft = time.perf_counter() - t_start
         # the Python side of the request: everything between native calls (text, stop strings,
         # EOS checks, the consumer of this generator), summed interval by interval
@@ -329,32 +385,41 @@ class Speculator:
         t_native_done = time.perf_counter()
         text = TextStream(self._token_bytes, stops)
         out: list[int] = []
+        out_lp: list[TokenLogprob] = []
         finish = "length"
         pending = [first]
+        pending_lp = step_logprobs(self._engine, 0, pending, n_top) if n_top >= 0 else []
         self.last: Completion | None = None
-        while True:
-            for tok in pending:
-                if self._is_eog(tok):
-                    finish = "eos"
-                    break
-                out.append(tok)
-                piece = text.push(tok)
-                if piece:
-                    yield piece
-                if text.stopped:
-                    finish = "stop"
-                    break
-                if len(out) >= max_tokens:
-                    finish = "length"
-                    break
-            else:
-                python_s += time.perf_counter() - t_native_done
-                pending = self._step(max_tokens - len(out))
-                t_native_done = time.perf_counter()
-                if pending:
-                    continue
-                finish = "context"
-            break
+        try:
+            while True:
+                for i, tok in enumerate(pending):
+                    if self._is_eog(tok):
+                        finish = "eos"
+                        break
+                    out.append(tok)
+                    if pending_lp:
+                        out_lp.append(pending_lp[i])
+                    piece = text.push(tok)
+                    if piece:
+                        yield piece
+                    if text.stopped:
+                        finish = "stop"
+                        break
+                    if len(out) >= max_tokens:
+                        finish = "length"
+                        break
+                else:
+                    python_s += time.perf_counter() - t_native_done
+                    pending = self._step()
+                    if n_top >= 0:
+                        pending_lp = step_logprobs(self._engine, 0, pending, n_top)
+                    t_native_done = time.perf_counter()
+                    if pending:
+                        continue
+                    finish = "context"
+                break
+        finally:
+            self._end()  # also when the consumer closes the generator early
         tail = text.finish()
         if tail:
             yield tail
@@ -362,7 +427,8 @@ class Speculator:
         python_s += elapsed - (t_native_done - t_start)
         self.llm.reset()
         self.last = Completion(text=text.text, tokens=out, finish_reason=finish,
-                               stats=self._stats(len(out), ttft, elapsed, python_s))
+                               stats=self._stats(engine0, len(out), ttft, elapsed, python_s),
+                               logprobs=out_lp if n_top >= 0 else None)
 
     def generate(self, prompt: str | Sequence[int] | Sequence[dict[str, str]], **kwargs: Any) -> Completion:
         """Runs stream() to the end and returns the Completion."""
@@ -371,13 +437,32 @@ class Speculator:
         assert self.last is not None
         return self.last
 
-    def _stats(self, n_tokens: int, ttft: float, elapsed: float, python_s: float) -> dict[str, Any]:
-        s = self.engine_stats()
+    def _stats(self, engine0: dict[str, Any], n_tokens: int, ttft: float, elapsed: float,
+               python_s: float) -> dict[str, Any]:
+        s = self.request_stats()
+        e = self.engine_stats()
+
+        def spent(key: str) -> float:  # the engine's seconds during this request
+            return float(e[key] - engine0[key])
+
         # per-phase breakdown: the native phases plus the Python side; they sum to at most total_s
-        s["phases"]["python_s"] = python_s
+        phases = {k: spent(k) for k in ("inject_s", "propose_s", "walk_s", "verify_decode_s", "verify_logic_s",
+                                        "graph_setup_s")}
+        phases["prefill_s"] = spent("prefill_decode_s")
+        phases["step_other_s"] = max(0.0, spent("step_s") - sum(phases.values()))
+        phases["python_s"] = python_s
+        phases["n_steps"] = s["n_steps"]
         hist = s["n_max_histogram"]
         decode_s = max(elapsed - ttft, 1e-9)
         s.update(
+            phases=phases,
+            prefill_s=phases["prefill_s"],
+            draft_s=spent("draft_s"),
+            verify_s=phases["verify_decode_s"] + phases["verify_logic_s"],
+            inject_s=phases["inject_s"],
+            lazy_head=bool(e["lazy_head"]),
+            lazy_head_rows=int(e["lazy_head_rows"] - engine0["lazy_head_rows"]),
+            drafter_graph_builds=int(e["drafter_graph_builds"] - engine0["drafter_graph_builds"]),
             n_max="auto" if self.n_max == "auto" else int(self.n_max),
             n_max_mean=float(np.dot(np.arange(len(hist)), hist) / max(1, sum(hist))),
             completion_tokens=n_tokens,
@@ -389,6 +474,8 @@ class Speculator:
             exact=self.max_draft == 0 or (bool(self.invariance) and (
                 self.invariance.max_batch is None or self.max_draft + 1 <= self.invariance.max_batch)),
         )
+        if "lazy_head_error" in e:
+            s["lazy_head_error"] = e["lazy_head_error"]
         return s
 
 

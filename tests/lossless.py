@@ -26,6 +26,7 @@ and machines not measured).
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import llama_cpp
@@ -101,3 +102,53 @@ def check_greedy(got: list[int], plain: PlainRun, *, exact: bool, delta: float =
         what, f"left plain decoding at token {first} where its top-2 margin is {plain.margins[first]:.4g} "
               f"> delta {delta:.4g}")
     return True
+
+
+def plain_greedy_chain(llm: llama_cpp.Llama, prompt: list[int], n: int, *, grammar: str | None = None,
+                       logit_bias: dict[int, float] | None = None, repeat_penalty: float = 1.0,
+                       frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                       repeat_last_n: int = 64) -> PlainRun:
+    """plain_greedy with llama-cpp-python's sampler chain in front of the argmax: logit bias,
+    penalties and grammar, llama.cpp's own samplers in llama-cpp-python's order, each chosen
+    token accepted (as Llama.generate's chain accepts it). Margins are the top-2 gaps of the
+    logits the chain leaves (what greedy chose between)."""
+    n_vocab = llm.n_vocab()
+    vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    if logit_bias:
+        arr = (llama_cpp.llama_logit_bias * len(logit_bias))(*[llama_cpp.llama_logit_bias(int(t), float(b))
+                                                                 for t, b in logit_bias.items()])
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(logit_bias),
+                                                                                          arr))
+    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_penalties(
+        n_vocab, repeat_last_n, repeat_penalty, frequency_penalty, presence_penalty))
+    if grammar:
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(),
+                                                                                        b"root"))
+    data = (llama_cpp.llama_token_data * n_vocab)()
+    view = np.frombuffer(data, dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
+    try:
+        llm.reset()
+        llm.eval(prompt)
+        tokens: list[int] = []
+        margins: list[float] = []
+        for _ in range(n):
+            row = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+            view["id"] = np.arange(n_vocab)
+            view["logit"] = np.ctypeslib.as_array(row, shape=(n_vocab,))
+            cur = llama_cpp.llama_token_data_array(data=data, size=n_vocab, selected=-1, sorted=False)
+            llama_cpp.llama_sampler_apply(chain, ctypes.byref(cur))
+            shaped = view["logit"].copy()
+            tok = int(np.argmax(shaped))
+            top2 = np.partition(shaped, -2)[-2:]
+            margins.append(float(top2[1] - top2[0]))
+            llama_cpp.llama_sampler_accept(chain, tok)
+            if llama_cpp.llama_vocab_is_eog(vocab, tok):
+                break
+            tokens.append(tok)
+            if len(tokens) < n:
+                llm.eval([tok])
+    finally:
+        llama_cpp.llama_sampler_free(chain)
+        llm.reset()
+    return PlainRun(tokens, margins)

@@ -123,76 +123,87 @@ int pdf2_drafter_walk(const pdf2_drafter * d, int32_t mode, float temperature, u
 int32_t pdf2_draft_length_rates(const double * verify_s, int32_t n_verify, const double * draft_s, int32_t n_draft,
                                 const double * acceptance, double * expected_tokens, double * rate);
 
-/* ---- Engine: the draft-verify loop over a llama-cpp-python target ----
- * target_ctx: the target's llama_context * (e.g. llama_cpp.Llama._ctx.ctx).
- * drafter: may be NULL when n_max = 0 (plain decoding through the same loop).
- * n_max: drafts per block, -1 = adaptive. walk: -1 auto (sample when the target
- * samples, else greedy), 0 greedy, 1 sample, 2 viterbi. q_top_k: support of a
- * DFlash1 draft distribution. */
-typedef struct pdf2_engine pdf2_engine;
-
-pdf2_engine * pdf2_engine_new(void * target_ctx, pdf2_drafter * drafter, int32_t n_max, int32_t walk,
-                              int32_t q_top_k);
-/* Frees the engine without touching the target context (it may be gone). */
-void pdf2_engine_free(pdf2_engine * e);
-/* Lazy LM head: the target context was created with this capture's
- * evaluation callback (pdf2_capture_eval_callback). Verify decodes then stop
- * before the head, which runs one row at a time for the rows the verify
- * reaches (the same output; less work when drafts are rejected). Only where
- * the graph's head is a plain mul_mat (learned from the first full decode);
- * elsewhere nothing changes. NULL turns it off. 0 / -1. */
-int pdf2_engine_set_head_capture(pdf2_engine * e, struct pdf2_capture * capture);
-/* Turns the target's layer-input capture off again; call while the target lives. */
-int pdf2_engine_release_target(pdf2_engine * e);
-/* Largest number of drafts one step may verify; steps commit at most this + 1 tokens. */
-int32_t pdf2_engine_max_draft(pdf2_engine * e);
-/* Lowers the largest draft count (call before set_costs): exact mode keeps
- * verify batches below the sizes where ggml switches matmul kernels. */
-int pdf2_engine_cap_draft(pdf2_engine * e, int32_t max_draft);
-/* Cost model for the adaptive draft length: verify_s[B-1] = target decode of B
- * tokens (B = 1..max_draft+1), draft_s[n-1] = drafting n tokens. */
-int pdf2_engine_set_costs(pdf2_engine * e, const double * verify_s, int32_t n_verify, const double * draft_s,
-                          int32_t n_draft);
-/* Measures those costs at the current position (call after begin); restores the state. */
-int pdf2_engine_measure_costs(pdf2_engine * e, int32_t reps, double * verify_s, int32_t n_verify, double * draft_s,
-                              int32_t n_draft);
-/* Prefills the prompt; returns the first generated token, -1 on failure.
- * temperature 0 = greedy; top_k <= 0, top_p 1, min_p 0 are off. */
-int32_t pdf2_engine_begin(pdf2_engine * e, const int32_t * prompt, int32_t n_prompt, float temperature,
-                          int32_t top_k, float top_p, float min_p, uint64_t seed);
-/* One draft-verify step: writes the committed tokens (max_out >= max_draft+1)
- * and returns their number; 0 = context full; -1 = failure. max_new > 0: the
- * tokens the caller still wants; the step drafts at most max_new-1 of them
- * (no rows verified past the end). max_new <= 0: no cap. */
-int32_t pdf2_engine_step(pdf2_engine * e, int32_t * out, int32_t max_out, int32_t max_new);
-char * pdf2_engine_stats_json(pdf2_engine * e);
-
-/* ---- Batch engine: continuous batching of several requests (server) ----
- * Owns ONE target context made from target_model (a llama_model *, e.g.
- * llama_cpp.Llama._model.model, which must outlive the engine) with n_slots
- * sequences of n_ctx_slot tokens each. drafters: n_slots distinct drafters
- * (each slot keeps its context in its drafter's cache), or NULL/0 with
- * n_max = 0. n_threads (one-row decodes) / n_threads_batch (larger ones)
- * <= 0: llama.cpp's default. flash_attn: -1 auto,
- * 0 off, 1 on. Other options as for pdf2_engine_new. The drafters' features
- * come through llama.cpp's layer-input taps, or, for an architecture without
- * them (capture rule), through the capture callback the engine installs in
- * its own context. */
+/* ---- Engine: the draft-verify loop (Python API, CLI and server) ----
+ * Continuous batching: n_slots requests at once, each slot a sequence of ONE
+ * target context, all verify rows of a step in one llama_decode.
+ * pdf2_batch_engine_new owns that context, made from target_model (a
+ * llama_model *, e.g. llama_cpp.Llama._model.model, which must outlive the
+ * engine) with n_slots sequences of n_ctx_slot tokens each. drafters: n_slots
+ * distinct drafters (each slot keeps its context in its drafter's cache), or
+ * NULL/0 with n_max = 0. n_threads (one-row decodes and verify rows) /
+ * n_threads_batch (prompt chunks) <= 0: llama.cpp's default. flash_attn: -1
+ * auto, 0 off, 1 on. n_max: drafts per block, -1 = adaptive, 0 = plain
+ * decoding. walk: -1 auto (sample when the target samples, else greedy), 0
+ * greedy, 1 sample, 2 viterbi. q_top_k: support of a DFlash1 draft
+ * distribution. The drafters' features come through llama.cpp's layer-input
+ * taps, or, for an architecture without them (capture rule), through the
+ * capture callback the engine installs in its own context. */
 typedef struct pdf2_batch_engine pdf2_batch_engine;
 
 pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_t n_slots, int32_t n_ctx_slot, int32_t n_threads,
                                           int32_t n_threads_batch, int32_t flash_attn, pdf2_drafter ** drafters, int32_t n_drafters,
                                           int32_t n_max, int32_t walk, int32_t q_top_k);
+/* One slot in a context the caller owns (target_ctx: a llama_context *, e.g.
+ * llama_cpp.Llama._ctx.ctx; its size and threads are the slot's). The owner may
+ * decode there between requests: each start() claims the context again and
+ * prefills the whole prompt. feature_capture: the context's eval-callback
+ * capture when the drafter's features come that way (NULL: llama.cpp's taps).
+ * head_capture: the context's eval-callback capture for the lazy LM head
+ * (verify decodes stop before the head, which then runs one row at a time for
+ * the rows the verify reaches; only where the graph's head is a plain mul_mat,
+ * learned from the first full decode), NULL: every verify row's logits.
+ * drafter: NULL with n_max = 0. max_draft >= 0 caps the drafts per step (exact
+ * mode keeps verify batches below the sizes where ggml switches kernels). */
+pdf2_batch_engine * pdf2_batch_engine_new_borrowed(void * target_ctx, struct pdf2_capture * feature_capture,
+                                                   struct pdf2_capture * head_capture, pdf2_drafter * drafter,
+                                                   int32_t n_max, int32_t max_draft, int32_t walk, int32_t q_top_k);
+/* Turns a borrowed context's layer-input taps off again; call while it lives. 0 / -1. */
+int pdf2_batch_engine_release_target(pdf2_batch_engine * e);
+/* Frees the engine (a borrowed context is not touched: it may be gone). */
 void pdf2_batch_engine_free(pdf2_batch_engine * e);
+/* Largest number of drafts one step may verify; a step commits at most this + 1 tokens per slot. */
 int32_t pdf2_batch_engine_max_draft(pdf2_batch_engine * e);
+/* Cost model for the adaptive draft length: verify_s[B-1] = target decode of B
+ * tokens (B = 1..max_draft+1), draft_s[n-1] = drafting n tokens. */
 int pdf2_batch_engine_set_costs(pdf2_batch_engine * e, const double * verify_s, int32_t n_verify,
                                 const double * draft_s, int32_t n_draft);
-/* As pdf2_engine_measure_costs, on a slot whose prefill is done. */
+/* Measures those costs on a slot whose prefill is done (its state is restored). */
 int pdf2_batch_engine_measure_costs(pdf2_batch_engine * e, int32_t slot, int32_t reps, double * verify_s,
                                     int32_t n_verify, double * draft_s, int32_t n_draft);
-/* Queues a prompt on an idle slot (prefilled by the next steps). 0 / -1. */
+/* A request's sampler chain, applied as llama-cpp-python applies it, with
+ * llama.cpp's own samplers: logit bias, penalties, grammar, then (temperature
+ * > 0) top-k, top-p, min-p, temperature; greedy (temperature 0) takes the
+ * argmax after bias, penalties and grammar. top_k <= 0, top_p 1, min_p 0 are
+ * off. logit_bias: n_logit_bias (token id, bias) pairs added to the logits (-inf:
+ * never). repeat_penalty (1 off), frequency_penalty and presence_penalty (0
+ * off) over the last repeat_last_n committed tokens (-1: the whole context).
+ * grammar: GBNF text with a `root` rule, NULL or "" for none (a text llama.cpp
+ * cannot parse fails start()). n_logprobs: -1 none, else each committed
+ * token's log-probability and its top n_logprobs (<= 20) alternatives.
+ * max_tokens > 0: the request wants at most that many tokens, so no step
+ * drafts past them (<= 0: no limit; the caller stops the slot). Every value is
+ * checked before llama.cpp sees it. */
+typedef struct pdf2_sampling {
+    float temperature;
+    int32_t top_k;
+    float top_p;
+    float min_p;
+    uint64_t seed;
+    int32_t max_tokens;
+    float repeat_penalty;
+    float frequency_penalty;
+    float presence_penalty;
+    int32_t repeat_last_n;
+    const char * grammar;
+    const int32_t * logit_bias_tokens;
+    const float * logit_bias_values;
+    int32_t n_logit_bias;
+    int32_t n_logprobs;
+} pdf2_sampling;
+/* Queues a prompt on an idle slot (prefilled by the next steps; its first
+ * token comes with the step that finishes the prefill). 0 / -1. */
 int pdf2_batch_engine_start(pdf2_batch_engine * e, int32_t slot, const int32_t * prompt, int32_t n_prompt,
-                            float temperature, int32_t top_k, float top_p, float min_p, uint64_t seed);
+                            const pdf2_sampling * sampling);
 /* Prompt rows an idle slot already holds from its last request (what start()
  * there would not prefill), -1 on failure (a busy slot, a bad index). */
 int32_t pdf2_batch_engine_cached_prefix(pdf2_batch_engine * e, int32_t slot, const int32_t * prompt, int32_t n_prompt);
@@ -203,14 +214,25 @@ int pdf2_batch_engine_stop(pdf2_batch_engine * e, int32_t slot);
  * rows decoded (0 = every slot idle), -1 on failure. */
 int32_t pdf2_batch_engine_step(pdf2_batch_engine * e, int32_t * counts, int32_t n_counts, int32_t * tokens,
                                int32_t n_tokens);
+/* Log-probabilities of the tokens the slot's last step committed (its request
+ * asked for n_logprobs >= 0): logprob[i] of committed token i, top_ids /
+ * top_logprobs [i][n_top] its n_top most likely alternatives (n_top = the
+ * request's n_logprobs; most likely first). Each is the log-softmax of the
+ * target's raw logits, as llama-server's n_probs and llama-cpp-python's
+ * logprobs report them. Returns the count (<= capacity), -1 on failure. */
+int32_t pdf2_batch_engine_logprobs(pdf2_batch_engine * e, int32_t slot, float * logprob, int32_t * top_ids,
+                                   float * top_logprobs, int32_t n_top, int32_t capacity);
 /* JSON: engine-wide counters since creation (drafts, accepted per position, seconds...). */
 char * pdf2_batch_engine_stats_json(pdf2_batch_engine * e);
+/* JSON: the slot's current or last request (prompt rows, tokens, steps, tau,
+ * drafted/accepted per position, histogram of drafts per step, acceptance estimate). */
+char * pdf2_batch_engine_slot_stats_json(pdf2_batch_engine * e, int32_t slot);
 
 /* ---- Feature capture on any architecture ----
  * llama.cpp taps layer inputs only on some architectures. Elsewhere the
  * features come from the graph evaluation callback: create the target context
  * with cb_eval = pdf2_capture_eval_callback() and cb_eval_user_data = a
- * pdf2_capture, then pass that capture to pdf2_engine_new_capture. The capture
+ * pdf2_capture, then pass that capture to pdf2_batch_engine_new_borrowed. The capture
  * observes nothing until armed and must outlive the context's last decode. */
 typedef struct pdf2_capture pdf2_capture;
 
@@ -234,11 +256,6 @@ int pdf2_capture_disarm(pdf2_capture * c);
  * pdf2_last_error() names the missing layer. arch only words the message. */
 int pdf2_capture_check(const pdf2_capture * c, const char * arch);
 int pdf2_capture_rows(const pdf2_capture * c, int32_t layer, float * out, int64_t n_floats);
-
-/* As pdf2_engine_new, with the features taken through `capture` (the user data
- * of target_ctx's eval callback) instead of llama.cpp's layer-input taps. */
-pdf2_engine * pdf2_engine_new_capture(void * target_ctx, pdf2_capture * capture, pdf2_drafter * drafter,
-                                      int32_t n_max, int32_t walk, int32_t q_top_k);
 
 /* cdef-end */
 

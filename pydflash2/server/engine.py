@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from .. import _native, draft_costs
 from .._native import ffi, lib
 from ..cpu_threads import default_threads
 from ..drafter import Drafter
+from ..sampling import SamplingRequest, TokenLogprob, step_logprobs
 from ..speculator import SELECTORS, GenerationError
 
 _TOKENIZER_CTX = 256  # the Llama's own context: unused for decoding
@@ -114,6 +115,7 @@ class BatchEngine:
         self.max_draft = int(lib.pdf2_batch_engine_max_draft(self._h))
         self._counts = np.zeros(self.n_slots, dtype=np.int32)
         self._tokens = np.zeros(self.n_slots * (self.max_draft + 1), dtype=np.int32)
+        self._n_logprobs: dict[int, int] = {}  # per slot: its request's logprobs count (-1: none)
         self.costs: dict[str, list[float]] | None = None
         if self.n_max == "auto" and self.drafters and self.max_draft > 0:
             assert draft is not None
@@ -163,11 +165,33 @@ class BatchEngine:
     # ------------------------------------------------------------ slots
 
     def start(self, slot: int, tokens: Sequence[int], *, temperature: float = 0.0, top_k: int = 0,
-              top_p: float = 1.0, min_p: float = 0.0, seed: int = 0) -> None:
+              top_p: float = 1.0, min_p: float = 0.0, seed: int = 0, max_tokens: int = 0,
+              grammar: str | None = None, logit_bias: Mapping[int, float] | None = None,
+              presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repeat_penalty: float = 1.0,
+              repeat_last_n: int = 64, logprobs: int | None = None) -> None:
+        """Queues a request on an idle slot. The sampler chain and logprobs as for
+        Speculator.stream (pydflash2.sampling); a bad value (a grammar llama.cpp cannot
+        parse, a token id outside the vocabulary...) raises GenerationError (ValueError for
+        malformed Python values) and leaves the slot idle. max_tokens > 0: no step drafts
+        past that many tokens. logprobs N: logprobs(slot, committed) after each step."""
         arr = np.ascontiguousarray(tokens, dtype=np.int32)
+        sampling = SamplingRequest(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, max_tokens=max_tokens,
+            grammar=grammar, logit_bias=logit_bias, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+            logprobs=logprobs)
         _check(lib.pdf2_batch_engine_start(self._h, int(slot), ffi.from_buffer("int32_t[]", arr), len(arr),
-                                           float(temperature), int(top_k), float(top_p), float(min_p), int(seed)),
-               "start")
+                                           sampling.struct), "start")
+        self._n_logprobs[int(slot)] = sampling.n_logprobs
+
+    def logprobs(self, slot: int, committed: Sequence[int]) -> list[TokenLogprob]:
+        """Logprobs of the tokens the last step() committed on `slot` (its list there), for a
+        request started with logprobs=N (else []): the target's log-softmax of each token,
+        bonus or correction token included, and its N most likely alternatives."""
+        n_top = self._n_logprobs.get(int(slot), -1)
+        if n_top < 0 or not committed:
+            return []
+        return step_logprobs(self._h, slot, list(committed), n_top)
 
     def cached_prefix(self, slot: int, tokens: Sequence[int]) -> int:
         """Prompt tokens an idle slot already holds (start() there prefills only the rest)."""
@@ -191,6 +215,10 @@ class BatchEngine:
 
     def stats(self) -> dict[str, Any]:
         return _native.take_json(lib.pdf2_batch_engine_stats_json(self._h), "stats")
+
+    def slot_stats(self, slot: int) -> dict[str, Any]:
+        """The counters of the slot's current or last request (drafted and accepted per position...)."""
+        return _native.take_json(lib.pdf2_batch_engine_slot_stats_json(self._h, int(slot)), "slot_stats")
 
     # ------------------------------------------------------------ costs
 

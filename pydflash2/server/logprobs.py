@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .scheduler import TokenLogprob
+from ..sampling import TokenLogprob
 
 Piece = Callable[[int], bytes]
 
@@ -22,20 +22,20 @@ def chat(entries: list[TokenLogprob], n_top: int, piece: Piece) -> dict[str, Any
         b = piece(token)
         return {"token": b.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(b)}
 
-    return {"content": [{**one(tok, lp), "top_logprobs": [one(t, p) for t, p in top[:n_top]]}
-                        for tok, lp, top in entries], "refusal": None}
+    return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, p) for t, p in e.top[:n_top]]}
+                        for e in entries], "refusal": None}
 
 
 def completion(entries: list[TokenLogprob], n_top: int, piece: Piece, offset0: int = 0) -> dict[str, Any]:
     tokens, offsets, offset = [], [], offset0
-    for tok, _, _ in entries:
-        s = _text(piece, tok)
+    for e in entries:
+        s = _text(piece, e.token)
         tokens.append(s)
         offsets.append(offset)
         offset += len(s)
     return {
         "tokens": tokens,
-        "token_logprobs": [lp for _, lp, _ in entries],
-        "top_logprobs": [{_text(piece, t): p for t, p in top[:n_top]} for _, _, top in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{_text(piece, t): p for t, p in e.top[:n_top]} for e in entries],
         "text_offset": offsets,
     }

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..sampling import TokenLogprob
 from ..text_stream import TextStream
 from .engine import BatchEngine
 from .faults import FaultInjector
@@ -56,12 +57,6 @@ class Finished:
     logprobs: list[TokenLogprob] | None = None  # one per token in `tokens`, when asked for
     status: int = 500  # with finish_reason "error": the HTTP status it stands for
     tau: float | None = None  # tokens committed per target step once generating (None: none committed)
-
-
-# What the engine's take_logprobs(slot) gives per committed token: (token id, its
-# logprob, [(id, logprob) of the top alternatives, best first]), under the target's
-# distribution after its whole sampler chain.
-TokenLogprob = tuple[int, float, list[tuple[int, float]]]
 
 
 @dataclass
@@ -388,7 +383,8 @@ class Scheduler:
             try:
                 if self._faults is not None:
                     self._faults.on_deliver(slot)
-                entries = self.engine.take_logprobs(slot) if committed and "logprobs" in a.req.engine_options else None
+                entries = (self.engine.logprobs(slot, committed) if committed and "logprobs" in a.req.engine_options
+                           else None)
                 n_before = len(a.tokens)
                 reason = self._deliver(a, committed)
                 a.n_steps += bool(committed)  # after the tokens: /slots, reading meanwhile, never sees tau < 1

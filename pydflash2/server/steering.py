@@ -33,10 +33,10 @@ class FieldError(ValueError):
 
 def engine_features(engine: Any) -> frozenset[str]:
     """The ENGINE_OPTIONS the engine's start() accepts. Logprobs also need a way
-    back: the engine's take_logprobs(slot)."""
+    back: the engine's logprobs(slot, committed)."""
     params = inspect.signature(engine.start).parameters
     names = {n for n in ENGINE_OPTIONS if n in params}
-    if "logprobs" in names and not callable(getattr(engine, "take_logprobs", None)):
+    if "logprobs" in names and not callable(getattr(engine, "logprobs", None)):
         names.discard("logprobs")
     return frozenset(names)
 

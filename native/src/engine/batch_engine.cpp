@@ -74,13 +74,45 @@ std::vector<int32_t> feature_layers(const std::vector<Drafter *> & drafters, int
     return drafters[0]->hparams().target_layers;
 }
 
+// The options of a borrowed context: one slot over all of it, its own threads.
+BatchEngineOptions borrowed_options(const BorrowedTarget & t, BatchEngineOptions o) {
+    if (t.ctx == nullptr) {
+        throw Error("target context is NULL");
+    }
+    o.n_slots = 1;
+    o.n_ctx_slot = static_cast<int32_t>(llama_n_ctx(t.ctx));
+    o.n_threads = llama_n_threads(t.ctx);
+    o.n_threads_batch = llama_n_threads_batch(t.ctx);
+    return o;
+}
+
 }  // namespace
 
 BatchEngine::BatchEngine(llama_model * model, const std::vector<Drafter *> & drafters, const BatchEngineOptions & opts)
     : opts_(opts),
       // the callback serves the lazy LM head whenever slots draft, and the features on the callback path
-      ctx_(make_context(model, opts, opts.n_max != 0 ? &capture_ : nullptr)),
-      target_(ctx_.get(), feature_layers(drafters, opts.n_max), capture_for(model, feature_layers(drafters, opts.n_max))) {
+      ctx_(make_context(model, opts, opts.n_max != 0 ? &own_capture_ : nullptr), true),
+      feature_capture_(capture_for(model, feature_layers(drafters, opts.n_max))),
+      head_capture_(opts.n_max != 0 ? &own_capture_ : nullptr),
+      target_(ctx_.ctx, feature_layers(drafters, opts.n_max), feature_capture_) {
+    init(drafters, head_capture_ != nullptr);
+}
+
+BatchEngine::BatchEngine(const BorrowedTarget & t, Drafter * drafter, const BatchEngineOptions & opts)
+    : opts_(borrowed_options(t, opts)),
+      ctx_(t.ctx, false),
+      feature_capture_(t.feature_capture),
+      head_capture_(t.head_capture),
+      target_(t.ctx, feature_layers({drafter}, opts.n_max), t.feature_capture),
+      borrowed_(true) {
+    if (opts.n_max != 0 && drafter == nullptr) {
+        throw Error("speculative decoding needs a drafter (or n_max = 0 for plain decoding)");
+    }
+    init(drafter != nullptr ? std::vector<Drafter *>{drafter} : std::vector<Drafter *>{}, head_capture_ != nullptr);
+}
+
+void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
+    const BatchEngineOptions & opts = opts_;
     if (opts.n_max < -1) {
         throw Error("n_max must be >= 0, or -1 for adaptive");
     }
@@ -113,8 +145,13 @@ BatchEngine::BatchEngine(llama_model * model, const std::vector<Drafter *> & dra
         if (opts.n_max > 0) {
             max_draft_ = std::min(max_draft_, opts.n_max);
         }
+        if (opts.max_draft >= 0) {
+            max_draft_ = std::min(max_draft_, opts.max_draft);
+        }
         feed_drafters_ = true;
-        target_.set_head_capture(&capture_);
+        if (has_head) {
+            target_.set_head_capture(head_capture_);
+        }
     }
     shared_policy_ = DraftLengthPolicy(max_draft_);
     for (Slot & s : slots_) {
@@ -122,6 +159,7 @@ BatchEngine::BatchEngine(llama_model * model, const std::vector<Drafter *> & dra
     }
     target_.claim();
     batch_cap_ = target_.n_batch();
+    const llama_model * model = llama_get_model(ctx_.ctx);
     fill_gaps_ = !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model);
     if (batch_cap_ < opts.n_slots) {
         throw Error("target batch (" + std::to_string(batch_cap_) + " rows) is smaller than the number of slots");
@@ -147,7 +185,7 @@ CallbackCapture * BatchEngine::capture_for(const llama_model * model, const std:
     if (model == nullptr || layers.empty() || capture_path(model_arch(model)) != CapturePath::Callback) {
         return nullptr;  // no features wanted, or llama.cpp's own taps give them
     }
-    return &capture_;
+    return &own_capture_;
 }
 
 BatchEngine::Slot & BatchEngine::slot_at(int slot) {
@@ -166,8 +204,12 @@ void BatchEngine::set_costs(const std::vector<double> & verify_s, const std::vec
     }
 }
 
-void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, const SamplingParams & sampling) {
+void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, const SamplingParams & sampling,
+                        int32_t max_tokens) {
     Slot & s = slot_at(slot);
+    if (max_tokens < 0) {
+        throw Error("max_tokens must be >= 0 (0: no limit), got " + std::to_string(max_tokens));
+    }
     if (s.state != State::Idle) {
         throw Error("slot " + std::to_string(slot) + " is busy: stop it first");
     }
@@ -183,7 +225,14 @@ void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, const
             throw Error("token id " + std::to_string(t) + " is outside the target vocabulary");
         }
     }
-    auto sampler = std::make_unique<TargetSampler>(sampling, target_.n_vocab());  // validates the parameters
+    // validates every parameter (the grammar too) before the slot changes
+    auto sampler = std::make_unique<TargetSampler>(sampling, target_.vocab(), opts_.n_ctx_slot);
+    if (borrowed_) {
+        // the owner may have decoded in its context since, and other engines may share it:
+        // its taps are set for this engine again, and nothing it holds is trusted
+        target_.claim();
+        s.history.clear();
+    }
     const int32_t keep = reuse_prefix(s, slot, prompt);
     s.sampler = std::move(sampler);
     s.prompt = prompt;
@@ -192,6 +241,13 @@ void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, const
     s.n_reused = keep;
     s.pos = 0;
     s.anchor = -1;
+    s.max_tokens = max_tokens;
+    s.stats = SlotStats{};
+    s.stats.n_prompt = static_cast<int64_t>(prompt.size());
+    s.stats.n_reused = keep;
+    s.stats.drafted.assign(static_cast<size_t>(max_draft_), 0);
+    s.stats.accepted.assign(static_cast<size_t>(max_draft_), 0);
+    s.stats.n_max_used.assign(static_cast<size_t>(max_draft_) + 1, 0);
     stats_.n_prompt_reused += keep;
     s.policy = shared_policy_;  // the costs, and the acceptance seen so far
     s.state = State::Prefill;
@@ -236,7 +292,7 @@ int32_t BatchEngine::cached_prefix(int slot, const std::vector<llama_token> & pr
 int32_t BatchEngine::reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt) {
     const size_t keep = reusable_rows(s.history, prompt);
     const auto k = static_cast<int32_t>(keep);
-    llama_memory_seq_rm(llama_get_memory(ctx_.get()), slot, k, -1);
+    llama_memory_seq_rm(llama_get_memory(ctx_.ctx), slot, k, -1);
     if (s.drafter != nullptr) {
         s.drafter->truncate(k);
         // rows committed but not yet injected: keep those below k (positions ascend)
@@ -345,6 +401,9 @@ void BatchEngine::draft(Slot & s, int n) {
     const float walk_t = mode == WalkMode::Sample ? s.sampler->params().temperature : 0.0f;
     const WalkResult w = s.drafter->walk(mode, walk_t, s.sampler->rng()(), opts_.q_top_k);
     s.drafts.assign(w.tokens.begin(), w.tokens.end());
+    if (mode == WalkMode::Greedy && greedy) {
+        constrain_drafts(s);
+    }
     s.q.resize(s.drafts.size());
     for (size_t j = 0; j < s.drafts.size(); ++j) {
         for (int c = 0; c < w.k; ++c) {
@@ -359,6 +418,48 @@ void BatchEngine::draft(Slot & s, int n) {
     stats_.draft_s += seconds_since(t0);
 }
 
+// With a grammar, the greedy walk over a DFlash2 lattice takes at each position the best
+// candidate the grammar allows after the drafts before it (a copy of the slot's grammar
+// follows the walk), so that constrained output keeps its acceptance; the block ends where
+// no candidate is allowed. The target's verification decides as always: this only changes
+// which drafts it sees.
+void BatchEngine::constrain_drafts(Slot & s) {
+    const Proposal & prop = s.drafter->last();
+    SamplerPtr g = s.sampler->grammar_copy();
+    if (!g || prop.lattice.n_pos <= 0) {
+        return;
+    }
+    const Lattice & lat = prop.lattice;
+    const int n = std::min<int>(lat.n_pos, static_cast<int>(s.drafts.size()));
+    std::vector<int> order(static_cast<size_t>(lat.k));
+    int prev = 0;  // position 0: every predecessor row is the anchor's
+    s.drafts.clear();
+    for (int i = 0; i < n; ++i) {
+        const float * row = lat.row(i, prev);
+        for (int c = 0; c < lat.k; ++c) order[static_cast<size_t>(c)] = c;
+        std::stable_sort(order.begin(), order.end(), [row](int a, int b) { return row[a] > row[b]; });
+        int pick = -1;
+        for (const int c : order) {
+            const llama_token t = lat.cand[static_cast<size_t>(i) * lat.k + static_cast<size_t>(c)];
+            if (t >= 0 && t < target_.n_vocab() && grammar_allows(g.get(), t)) {
+                pick = c;
+                break;
+            }
+        }
+        if (pick < 0) {
+            break;
+        }
+        const llama_token t = lat.cand[static_cast<size_t>(i) * lat.k + static_cast<size_t>(pick)];
+        if (llama_vocab_is_eog(target_.vocab(), t)) {
+            s.drafts.push_back(t);  // nothing follows an end of generation
+            break;
+        }
+        llama_sampler_accept(g.get(), t);
+        s.drafts.push_back(t);
+        prev = pick;
+    }
+}
+
 void BatchEngine::add_row(llama_token token, int32_t pos, int seq, bool logits) {
     const int32_t i = batch_.n_tokens;
     batch_.token[i] = token;
@@ -370,7 +471,7 @@ void BatchEngine::add_row(llama_token token, int32_t pos, int seq, bool logits) 
 }
 
 void BatchEngine::add_filler_rows(int seq, int n) {
-    const llama_pos p0 = llama_memory_seq_pos_max(llama_get_memory(ctx_.get()), seq) + 1;
+    const llama_pos p0 = llama_memory_seq_pos_max(llama_get_memory(ctx_.ctx), seq) + 1;
     if (p0 + n > opts_.n_ctx_slot) {
         return;  // no room in its stream: llama.cpp splits the batch there, which costs time only
     }
@@ -385,7 +486,7 @@ void BatchEngine::add_filler_rows(int seq, int n) {
 }
 
 void BatchEngine::remove_filler_rows() {
-    llama_memory_t mem = llama_get_memory(ctx_.get());
+    llama_memory_t mem = llama_get_memory(ctx_.ctx);
     for (const auto & [seq, p0] : fillers_) {
         llama_memory_seq_rm(mem, seq, p0, -1);
     }
@@ -399,17 +500,29 @@ void BatchEngine::decode_batch(bool prefill, bool lazy_head) {
     // order, as with the taps; any other split fails check_complete's shape test.
     const bool capturing = target_.capture_path() == CapturePath::Callback && !target_.feature_layers().empty();
     if (capturing) {
-        capture_.arm(target_.feature_layers(), target_.n_embd(), batch_.n_tokens);
+        feature_capture_->arm(target_.feature_layers(), target_.n_embd(), batch_.n_tokens);
     }
     // verify rows of drafting slots: the head runs later, for the rows each verify reaches
     const bool cut = lazy_head && target_.arm_lazy_head(batch_.n_tokens);
+    // Verify rows are generation work: they run with the one-row decodes' threads (n_threads),
+    // not the prompt threads (n_threads_batch, which llama.cpp takes for any batch > 1): more
+    // threads than plain decoding uses spin at every graph barrier on a busy machine.
+    const int32_t nt = llama_n_threads(ctx_.ctx);
+    const int32_t ntb = llama_n_threads_batch(ctx_.ctx);
+    const bool swap_threads = !prefill && batch_.n_tokens > 1 && nt != ntb;
+    if (swap_threads) {
+        llama_set_n_threads(ctx_.ctx, nt, nt);
+    }
     const auto t0 = Clock::now();
-    const int32_t rc = llama_decode(ctx_.get(), batch_);
+    const int32_t rc = llama_decode(ctx_.ctx, batch_);
     const double dt = seconds_since(t0);
+    if (swap_threads) {
+        llama_set_n_threads(ctx_.ctx, nt, ntb);
+    }
     stats_.decode_s += dt;
     (prefill ? stats_.prefill_decode_s : stats_.verify_decode_s) += dt;
     if (capturing) {
-        capture_.disarm();
+        feature_capture_->disarm();
     }
     target_.end_lazy_head(cut, batch_.n_tokens);
     if (rc != 0) {
@@ -417,10 +530,21 @@ void BatchEngine::decode_batch(bool prefill, bool lazy_head) {
                     std::to_string(batch_.n_tokens) + " rows");
     }
     if (capturing) {
-        capture_.check_complete(target_.arch());
+        feature_capture_->check_complete(target_.arch());
     }
     stats_.n_steps += 1;
     stats_.n_rows += batch_.n_tokens;
+}
+
+const float * BatchEngine::row_logits(int32_t row) {
+    if (target_.last_decode_lazy()) {
+        return target_.lazy_logits(row);  // the head runs now, for this row only
+    }
+    const float * r = llama_get_logits_ith(ctx_.ctx, row);
+    if (r == nullptr) {
+        throw Error("target produced no logits for batch row " + std::to_string(row));
+    }
+    return r;
 }
 
 int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
@@ -431,6 +555,9 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
     } add_step_time{stats_.step_s, Clock::now()};
     counts.assign(slots_.size(), 0);
     tokens.assign(slots_.size() * (static_cast<size_t>(max_draft_) + 1), -1);
+    for (Slot & s : slots_) {
+        s.n_logprobs = 0;
+    }
     int rows = 0;
 
     // 1. drafts. Every decoding slot verifies the same number of rows: llama.cpp
@@ -481,9 +608,13 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
         // the verify rows [anchor, d1..dn] must fit the slot's context
         // a probing slot drafts its probe (in a group of its own when the others do not draft)
         const int want = static_cast<int>(i) == probe_slot ? std::max(n_probe, n_common) : n_common;
-        const int n = s.drafter == nullptr ? 0 : std::min({want, opts_.n_ctx_slot - s.pos - 1, share});
+        int n = s.drafter == nullptr ? 0 : std::min({want, opts_.n_ctx_slot - s.pos - 1, share});
+        if (s.max_tokens > 0) {
+            // no rows past the request's last token (a slot near its end may verify in a group of its own)
+            n = std::max(0, std::min<int>(n, s.max_tokens - static_cast<int>(s.stats.n_generated) - 1));
+        }
         draft(s, n);
-        groups[n + 1].push_back(static_cast<int>(i));
+        groups[static_cast<int>(s.drafts.size()) + 1].push_back(static_cast<int>(i));  // a grammar may end it early
     }
 
     // 2. one target decode per group of equal rows (normally one), slots in order.
@@ -556,27 +687,24 @@ void BatchEngine::finish_decode(int idx, Slot & s, std::vector<int32_t> & counts
     const size_t width = static_cast<size_t>(max_draft_) + 1;
     const int n = static_cast<int>(s.drafts.size());
     const double head_s0 = target_.lazy_head_seconds();
-    const LogitRows row = [this, &s](int j) {
-        if (target_.last_decode_lazy()) {
-            return target_.lazy_logits(s.row0 + j);  // the head runs now, for this row only
-        }
-        const float * r = llama_get_logits_ith(ctx_.get(), s.row0 + j);
-        if (r == nullptr) {
-            throw Error("target produced no logits for batch row " + std::to_string(s.row0 + j));
-        }
-        return r;
-    };
-    const VerifyResult v = s.sampler->params().greedy() ? verify_greedy(s.drafts, row, target_.n_vocab())
+    const LogitRows row = [this, &s](int j) { return row_logits(s.row0 + j); };
+    const VerifyResult v = s.sampler->params().greedy() ? verify_greedy(s.drafts, row, *s.sampler)
                                                          : verify_stochastic(s.drafts, s.q, row, *s.sampler);
     const int k = v.n_accepted;
     if (n > 0) {
-        llama_memory_seq_rm(llama_get_memory(ctx_.get()), idx, s.pos + k + 1, -1);  // rejected drafts
+        llama_memory_seq_rm(llama_get_memory(ctx_.ctx), idx, s.pos + k + 1, -1);  // rejected drafts
     }
     // the lazy head is the target's forward finished row by row: it counts as verify decode
     const double head_s = target_.lazy_head_seconds() - head_s0;
     stats_.verify_decode_s += head_s;
     stats_.decode_s += head_s;
     stats_.verify_logic_s += seconds_since(t0) - head_s;
+    if (s.sampler->params().n_logprobs >= 0) {
+        s.n_logprobs = 0;
+        for (int j = 0; j <= k; ++j) {  // rows the verify read: the head ran for them already
+            record_logprob(s, row(j), j < k ? s.drafts[static_cast<size_t>(j)] : v.next);
+        }
+    }
     queue_rows(s, s.row0, k + 1, s.pos);  // anchor + accepted drafts are committed
     s.history.push_back(s.anchor);
     s.history.insert(s.history.end(), s.drafts.begin(), s.drafts.begin() + k);
@@ -587,7 +715,16 @@ void BatchEngine::finish_decode(int idx, Slot & s, std::vector<int32_t> & counts
     out[k] = v.next;
     counts[static_cast<size_t>(idx)] = k + 1;
     stats_.n_generated += k + 1;
+    SlotStats & st = s.stats;
+    st.n_generated += k + 1;
+    st.n_steps += 1;
+    st.n_max_used[static_cast<size_t>(n)] += 1;
     if (n > 0) {
+        st.n_spec_steps += 1;
+        for (int j = 0; j < n && j <= k; ++j) {
+            st.drafted[static_cast<size_t>(j)] += 1;  // the block reached position j+1
+            st.accepted[static_cast<size_t>(j)] += j < k ? 1 : 0;
+        }
         stats_.n_drafts += 1;
         stats_.n_draft_tokens += n;
         stats_.n_accepted += k;
@@ -608,17 +745,19 @@ void BatchEngine::finish_prefill(int idx, Slot & s, std::vector<int32_t> & count
     if (s.n_prefilled < static_cast<int32_t>(s.prompt.size())) {
         return;
     }
-    const float * logits = llama_get_logits_ith(ctx_.get(), s.row0 + s.n_rows - 1);
-    if (logits == nullptr) {
-        throw Error("target produced no logits for the last prompt row");
-    }
+    const float * logits = row_logits(s.row0 + s.n_rows - 1);
     llama_token first;
     if (s.sampler->params().greedy()) {
-        first = argmax_token(logits, target_.n_vocab());
+        first = s.sampler->greedy(logits);
     } else {
         SparseDist p;
         s.sampler->distribution(logits, p);
         first = s.sampler->draw(p);
+    }
+    s.sampler->accept(first);
+    if (s.sampler->params().n_logprobs >= 0) {
+        s.n_logprobs = 0;
+        record_logprob(s, logits, first);
     }
     s.state = State::Decode;
     s.pos = s.n_prefilled;
@@ -626,6 +765,22 @@ void BatchEngine::finish_prefill(int idx, Slot & s, std::vector<int32_t> & count
     tokens[static_cast<size_t>(idx) * (static_cast<size_t>(max_draft_) + 1)] = first;
     counts[static_cast<size_t>(idx)] = 1;
     stats_.n_generated += 1;
+    s.stats.n_generated += 1;
+}
+
+void BatchEngine::record_logprob(Slot & s, const float * logits, llama_token token) {
+    if (s.logprobs.size() <= static_cast<size_t>(s.n_logprobs)) {
+        s.logprobs.resize(static_cast<size_t>(s.n_logprobs) + 1);
+    }
+    token_logprob(logits, target_.n_vocab(), token, s.sampler->params().n_logprobs,
+                  s.logprobs[static_cast<size_t>(s.n_logprobs)]);
+    s.n_logprobs += 1;
+}
+
+const std::vector<TokenLogprob> & BatchEngine::logprobs(int slot, int32_t & n_committed) {
+    Slot & s = slot_at(slot);
+    n_committed = s.n_logprobs;
+    return s.logprobs;
 }
 
 void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify_s, std::vector<double> & draft_s) {
@@ -639,7 +794,8 @@ void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify
         throw Error("context too small to measure costs");
     }
     flush_rows(s);
-    llama_memory_t mem = llama_get_memory(ctx_.get());
+    llama_memory_t mem = llama_get_memory(ctx_.ctx);
+    const BatchStats saved = stats_;  // measuring is no request's work
     std::vector<std::vector<double>> vt(static_cast<size_t>(max_b)), dt(static_cast<size_t>(max_draft_));
     for (int r = 0; r < reps; ++r) {
         // interleave the sizes so that machine noise spreads evenly over them
@@ -648,10 +804,10 @@ void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify
             for (int j = 0; j < b; ++j) {
                 add_row(s.anchor, s.pos + j, slot, true);
             }
+            // as a verify runs it: with a lazy head, the decode plus the head of its first row
             const auto t0 = Clock::now();
-            if (llama_decode(ctx_.get(), batch_) != 0) {
-                throw Error("target llama_decode failed while measuring costs");
-            }
+            decode_batch(false, /*lazy_head =*/b > 1);
+            (void) row_logits(0);
             vt[static_cast<size_t>(b - 1)].push_back(seconds_since(t0));
             llama_memory_seq_rm(mem, slot, s.pos, -1);
         }
@@ -670,6 +826,7 @@ void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify
     draft_s.assign(dt.size(), 0.0);
     for (size_t i = 0; i < vt.size(); ++i) verify_s[i] = median(vt[i]);
     for (size_t i = 0; i < dt.size(); ++i) draft_s[i] = median(dt[i]);
+    stats_ = saved;
 }
 
 std::string BatchEngine::stats_json() const {
@@ -681,6 +838,11 @@ std::string BatchEngine::stats_json() const {
     w.field("n_rows", stats_.n_rows);
     w.field("n_filler_rows", stats_.n_filler_rows);
     w.field("lazy_head_rows", target_.lazy_head_rows());  // verify rows whose LM head ran (lazily)
+    // whether verify decodes stop before the LM head (and why not, once tried and refused)
+    w.field("lazy_head", head_capture_ != nullptr && feed_drafters_ && target_.lazy_head_error().empty());
+    if (!target_.lazy_head_error().empty()) {
+        w.field("lazy_head_error", target_.lazy_head_error());
+    }
     w.field("n_prompt", stats_.n_prompt);
     w.field("n_prompt_reused", stats_.n_prompt_reused);
     w.field("n_generated", stats_.n_generated);
@@ -704,6 +866,34 @@ std::string BatchEngine::stats_json() const {
     int64_t busy = 0;
     for (const Slot & s : slots_) busy += s.state == State::Idle ? 0 : 1;
     w.field("busy_slots", busy);
+    w.end_object();
+    return w.str();
+}
+
+std::string BatchEngine::slot_stats_json(int slot) {
+    const Slot & s = slot_at(slot);
+    const SlotStats & st = s.stats;
+    JsonWriter w;
+    w.begin_object();
+    w.field("n_prompt", st.n_prompt);
+    w.field("n_reused", st.n_reused);
+    w.field("n_generated", st.n_generated);
+    w.field("n_steps", st.n_steps);
+    w.field("n_spec_steps", st.n_spec_steps);
+    const int64_t after_first = std::max<int64_t>(0, st.n_generated - 1);
+    w.field("tau", st.n_steps > 0 ? static_cast<double>(after_first) / static_cast<double>(st.n_steps) : 0.0);
+    w.field("max_draft", max_draft_);
+    auto array = [&](const char * name, const std::vector<int64_t> & v) {
+        w.key(name).begin_array();
+        for (const int64_t x : v) w.value(x);
+        w.end_array();
+    };
+    array("drafted_per_position", st.drafted);
+    array("accepted_per_position", st.accepted);
+    array("n_max_histogram", st.n_max_used);
+    w.key("acceptance_estimate").begin_array();
+    for (const double a : s.policy.acceptance()) w.value(a);
+    w.end_array();
     w.end_object();
     return w.str();
 }

@@ -1,11 +1,16 @@
-// BatchEngine: the draft-verify loop for several requests at once (continuous
-// batching, as llama-server does it). Each slot is its own llama.cpp sequence
-// (seq_id = slot index) in ONE target context that this engine creates, with
-// its own drafter (K/V cache), sampler and draft-length policy. One step
-// drafts a block for every decoding slot, verifies all their blocks in a
-// single llama_decode (each slot with the rules of the single-request
-// SpecEngine), then prefills a chunk of any newly started prompt. A slot
-// started between two steps joins at the next one.
+// BatchEngine: the draft-verify loop (shared doc section 4), the one the
+// Python API, the CLI and the server all run. Several requests at once
+// (continuous batching, as llama-server does it): each slot is its own
+// llama.cpp sequence (seq_id = slot index) in ONE target context, with its own
+// drafter (K/V cache), sampler and draft-length policy. One step drafts a block
+// for every decoding slot, verifies all their blocks in a single llama_decode,
+// then prefills a chunk of any newly started prompt. A slot started between two
+// steps joins at the next one.
+//
+// The context is the engine's own (the server: n_slots sequences), or one it
+// borrows with a single slot (the Speculator runs in a llama-cpp-python Llama's
+// context; the Llama may decode there between requests, so a borrowed slot
+// keeps no prompt cache).
 #pragma once
 
 #include "engine/draft_length.h"
@@ -32,6 +37,26 @@ struct BatchEngineOptions {
     int n_max = -1;             // drafts per block: -1 = adaptive, 0 = plain decoding
     int walk = -1;              // WalkMode, or -1 = sample when the target samples, else greedy
     int q_top_k = 16;           // DFlash1: support of the draft distribution when sampling
+    int max_draft = -1;         // < 0: the drafter's block; else a cap (exact mode keeps verify batches small)
+};
+
+// A context the engine decodes in without owning it (one slot, sequence 0).
+struct BorrowedTarget {
+    llama_context * ctx = nullptr;
+    CallbackCapture * feature_capture = nullptr;  // its cb_eval user data when features come that way, else null
+    CallbackCapture * head_capture = nullptr;     // its cb_eval user data for the lazy LM head, else null
+};
+
+// One request's counters on its slot (reset by start()).
+struct SlotStats {
+    int64_t n_prompt = 0;
+    int64_t n_reused = 0;       // prompt rows the slot already held
+    int64_t n_generated = 0;    // tokens committed, the first (from prefill) included
+    int64_t n_steps = 0;        // target decodes after prefill that carried this slot's rows
+    int64_t n_spec_steps = 0;   // ... of which verified a drafted block
+    std::vector<int64_t> drafted;     // per block position 1..max_draft: blocks that reached it
+    std::vector<int64_t> accepted;    // ... and accepted its draft
+    std::vector<int64_t> n_max_used;  // histogram of drafts per step over 0..max_draft
 };
 
 // Engine-wide counters since creation (the server turns them into metrics).
@@ -62,6 +87,9 @@ class BatchEngine {
     // model: the target (it must outlive the engine). drafters: one per slot
     // (each with its own cache), or empty for plain decoding (n_max = 0).
     BatchEngine(llama_model * model, const std::vector<Drafter *> & drafters, const BatchEngineOptions & opts);
+    // One slot in a context the caller owns (opts.n_slots, n_ctx_slot, threads and
+    // flash_attn are the context's). drafter may be null for plain decoding.
+    BatchEngine(const BorrowedTarget & target, Drafter * drafter, const BatchEngineOptions & opts);
     ~BatchEngine();
     BatchEngine(const BatchEngine &) = delete;
     BatchEngine & operator=(const BatchEngine &) = delete;
@@ -69,7 +97,7 @@ class BatchEngine {
     int n_slots() const { return static_cast<int>(slots_.size()); }
     int max_draft() const { return max_draft_; }
     int32_t n_ctx_slot() const { return opts_.n_ctx_slot; }
-    llama_context * ctx() const { return ctx_.get(); }
+    llama_context * ctx() const { return ctx_.ctx; }
 
     void set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s);
     // Times target decodes of B = 1..max_draft+1 rows and drafter blocks of
@@ -80,7 +108,11 @@ class BatchEngine {
     // from the first token where it differs from what the slot holds (the
     // previous request's prompt and answer: a shared system prompt is reused,
     // as llama-server and llama-cpp-python reuse it).
-    void start(int slot, const std::vector<llama_token> & prompt, const SamplingParams & sampling);
+    // max_tokens > 0: the request wants at most that many tokens, so a step drafts
+    // at most what is still wanted minus one (rows verified past the end would be
+    // thrown away; upstream caps its drafts the same way). <= 0: no cap.
+    void start(int slot, const std::vector<llama_token> & prompt, const SamplingParams & sampling,
+               int32_t max_tokens = 0);
     // Frees a slot for the next request; a no-op on an idle slot. Its K/V
     // rows stay for prefix reuse.
     void stop(int slot);
@@ -97,6 +129,15 @@ class BatchEngine {
 
     const BatchStats & stats() const { return stats_; }
     std::string stats_json() const;
+    // The slot's current (or last) request: its counters and acceptance estimate.
+    std::string slot_stats_json(int slot);
+
+    // Log-probabilities of the tokens the slot's last step committed (empty unless
+    // its request asked for logprobs; entries past n_committed are stale).
+    const std::vector<TokenLogprob> & logprobs(int slot, int32_t & n_committed);
+
+    // Hands a borrowed context back as it was (no layer-input taps); call while it lives.
+    void release_target() { target_.release(); }
 
   private:
     enum class State { Idle, Prefill, Decode, Full };
@@ -112,8 +153,12 @@ class BatchEngine {
         int32_t n_prefilled = 0;
         int32_t n_reused = 0;
         int32_t pos = 0;  // next position to decode
+        int32_t max_tokens = 0;  // > 0: drafts stop at the request's last token
         llama_token anchor = -1;
+        SlotStats stats;
         std::unique_ptr<TargetSampler> sampler;
+        std::vector<TokenLogprob> logprobs;  // of the tokens the last step committed (when asked for)
+        int32_t n_logprobs = 0;              // ... how many of them are valid
         DraftLengthPolicy policy{0};
         std::vector<float> queued_features;  // committed rows not yet injected into the drafter
         std::vector<int32_t> queued_positions;
@@ -123,13 +168,22 @@ class BatchEngine {
         int32_t row0 = 0, n_rows = 0;
     };
 
-    struct ContextDeleter {
-        void operator()(llama_context * c) const { llama_free(c); }
+    // The context decoded in: made by the engine (freed with it) or borrowed.
+    struct TargetContext {
+        llama_context * ctx = nullptr;
+        bool owned = false;
+        TargetContext(llama_context * c, bool own) : ctx(c), owned(own) {}
+        TargetContext(const TargetContext &) = delete;
+        TargetContext & operator=(const TargetContext &) = delete;
+        ~TargetContext() {
+            if (owned) llama_free(ctx);
+        }
     };
 
     int choose_n_draft(Slot & s);
     int batch_draft_length(const std::vector<size_t> & decoding) const;
     void draft(Slot & s, int n);
+    void constrain_drafts(Slot & s);  // greedy drafts the slot's grammar allows
     void queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0);
     int32_t reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt);
     void flush_rows(Slot & s);
@@ -138,16 +192,22 @@ class BatchEngine {
     void add_filler_rows(int seq, int n);
     void remove_filler_rows();
     void decode_batch(bool prefill, bool lazy_head = false);  // prefill: a prompt chunk (else verify rows)
+    const float * row_logits(int32_t row);  // of the last decode (lazily computed head rows included)
+    void init(const std::vector<Drafter *> & drafters, bool has_head);
     void finish_decode(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     void finish_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
+    void record_logprob(Slot & s, const float * logits, llama_token token);
     Slot & slot_at(int slot);
-    // &capture_ when the target's features need the evaluation callback (no taps), else null
+    // &own_capture_ when the target's features need the evaluation callback (no taps), else null
     CallbackCapture * capture_for(const llama_model * model, const std::vector<int32_t> & layers);
 
     BatchEngineOptions opts_;
-    CallbackCapture capture_;  // the context's cb_eval user data: declared before ctx_, so it outlives it
-    std::unique_ptr<llama_context, ContextDeleter> ctx_;  // declared before target_: freed after it
+    CallbackCapture own_capture_;  // an own context's cb_eval user data: declared before ctx_, so it outlives it
+    TargetContext ctx_;            // declared before target_: freed after it
+    CallbackCapture * feature_capture_ = nullptr;  // features through the callback path, else null (taps)
+    CallbackCapture * head_capture_ = nullptr;     // the lazy LM head's callback, else null
     TargetRunner target_;
+    bool borrowed_ = false;  // the caller's context: claimed and cleared per request, no prompt cache
     std::vector<Slot> slots_;
     int max_draft_ = 0;
     bool feed_drafters_ = false;

@@ -1,5 +1,6 @@
-// C entry points of the continuous-batching engine: thin, never-aborting wrappers of pdf2::BatchEngine.
+// C entry points of the engine: thin, never-aborting wrappers of pdf2::BatchEngine.
 #include "engine/batch_engine.h"
+#include "capture/capture_handle.h"
 #include "drafter/drafter_handle.h"
 #include "common/errors.h"
 
@@ -51,7 +52,35 @@ extern "C" pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_
     });
 }
 
+extern "C" pdf2_batch_engine * pdf2_batch_engine_new_borrowed(void * target_ctx, pdf2_capture * feature_capture,
+                                                              pdf2_capture * head_capture, pdf2_drafter * drafter,
+                                                              int32_t n_max, int32_t max_draft, int32_t walk,
+                                                              int32_t q_top_k) {
+    return pdf2::guarded<pdf2_batch_engine *>(nullptr, [&] {
+        pdf2::check_walk_options(walk, q_top_k);
+        pdf2::BorrowedTarget t;
+        t.ctx = static_cast<llama_context *>(target_ctx);
+        t.feature_capture = feature_capture != nullptr ? capture_impl(feature_capture) : nullptr;
+        t.head_capture = head_capture != nullptr ? capture_impl(head_capture) : nullptr;
+        pdf2::BatchEngineOptions opts;
+        opts.n_max = n_max;
+        opts.max_draft = max_draft;
+        opts.walk = walk;
+        opts.q_top_k = q_top_k;
+        auto e = std::make_unique<pdf2_batch_engine>();
+        e->impl = std::make_unique<pdf2::BatchEngine>(t, drafter != nullptr ? drafter->impl.get() : nullptr, opts);
+        return e.release();
+    });
+}
+
 extern "C" void pdf2_batch_engine_free(pdf2_batch_engine * e) { delete e; }
+
+extern "C" int pdf2_batch_engine_release_target(pdf2_batch_engine * e) {
+    return pdf2::guarded<int>(-1, [&] {
+        get(e).release_target();
+        return 0;
+    });
+}
 
 extern "C" int32_t pdf2_batch_engine_max_draft(pdf2_batch_engine * e) {
     return pdf2::guarded<int32_t>(-1, [&] { return static_cast<int32_t>(get(e).max_draft()); });
@@ -86,13 +115,35 @@ extern "C" int pdf2_batch_engine_measure_costs(pdf2_batch_engine * e, int32_t sl
 }
 
 extern "C" int pdf2_batch_engine_start(pdf2_batch_engine * e, int32_t slot, const int32_t * prompt, int32_t n_prompt,
-                                       float temperature, int32_t top_k, float top_p, float min_p, uint64_t seed) {
+                                       const pdf2_sampling * sampling) {
     return pdf2::guarded<int>(-1, [&] {
         if (prompt == nullptr || n_prompt < 0) {
             throw pdf2::Error("prompt is NULL");
         }
-        const pdf2::SamplingParams sp{temperature, top_k, top_p, min_p, /*typical_p=*/1.0f, seed};
-        get(e).start(slot, std::vector<llama_token>(prompt, prompt + n_prompt), sp);
+        if (sampling == nullptr) {
+            throw pdf2::Error("sampling parameters are NULL");
+        }
+        const pdf2_sampling & in = *sampling;
+        pdf2::SamplingParams sp;
+        sp.temperature = in.temperature;
+        sp.top_k = in.top_k;
+        sp.top_p = in.top_p;
+        sp.min_p = in.min_p;
+        sp.seed = in.seed;
+        sp.repeat_penalty = in.repeat_penalty;
+        sp.frequency_penalty = in.frequency_penalty;
+        sp.presence_penalty = in.presence_penalty;
+        sp.repeat_last_n = in.repeat_last_n;
+        sp.grammar = in.grammar != nullptr ? in.grammar : "";
+        if (in.n_logit_bias < 0 || (in.n_logit_bias > 0 && (in.logit_bias_tokens == nullptr ||
+                                                              in.logit_bias_values == nullptr))) {
+            throw pdf2::Error("logit_bias arrays are NULL");
+        }
+        for (int32_t i = 0; i < in.n_logit_bias; ++i) {
+            sp.logit_bias.push_back(llama_logit_bias{in.logit_bias_tokens[i], in.logit_bias_values[i]});
+        }
+        sp.n_logprobs = in.n_logprobs;
+        get(e).start(slot, std::vector<llama_token>(prompt, prompt + n_prompt), sp, sampling->max_tokens);
         return 0;
     });
 }
@@ -134,4 +185,31 @@ extern "C" int32_t pdf2_batch_engine_step(pdf2_batch_engine * e, int32_t * count
 
 extern "C" char * pdf2_batch_engine_stats_json(pdf2_batch_engine * e) {
     return pdf2::guarded<char *>(nullptr, [&] { return pdf2::dup_string(get(e).stats_json()); });
+}
+
+extern "C" int32_t pdf2_batch_engine_logprobs(pdf2_batch_engine * e, int32_t slot, float * logprob, int32_t * top_ids,
+                                              float * top_logprobs, int32_t n_top, int32_t capacity) {
+    return pdf2::guarded<int32_t>(-1, [&] {
+        if (logprob == nullptr || n_top < 0 || capacity < 0 || (n_top > 0 && (top_ids == nullptr ||
+                                                                             top_logprobs == nullptr))) {
+            throw pdf2::Error("logprobs buffers are NULL");
+        }
+        int32_t n = 0;
+        const std::vector<pdf2::TokenLogprob> & lp = get(e).logprobs(slot, n);
+        n = std::min(n, capacity);
+        for (int32_t i = 0; i < n; ++i) {
+            const pdf2::TokenLogprob & t = lp[static_cast<size_t>(i)];
+            logprob[i] = t.logprob;
+            for (int32_t j = 0; j < n_top; ++j) {
+                const bool have = static_cast<size_t>(j) < t.top_ids.size();
+                top_ids[i * n_top + j] = have ? t.top_ids[static_cast<size_t>(j)] : -1;
+                top_logprobs[i * n_top + j] = have ? t.top_logprobs[static_cast<size_t>(j)] : 0.0f;
+            }
+        }
+        return n;
+    });
+}
+
+extern "C" char * pdf2_batch_engine_slot_stats_json(pdf2_batch_engine * e, int32_t slot) {
+    return pdf2::guarded<char *>(nullptr, [&] { return pdf2::dup_string(get(e).slot_stats_json(slot)); });
 }

@@ -50,13 +50,12 @@ TargetRunner::TargetRunner(llama_context * ctx, const std::vector<int32_t> & fea
         }
         outputs_all_rows_ = outputs_all_rows_ || (path_ == CapturePath::Callback && lid == n_layer_);
     }
-    batch_ = llama_batch_init(n_batch_, 0, 1);
 }
 
-// The context belongs to the caller and may already be gone here (Python frees
-// objects in any order at exit), so it is not touched: release() turns the
-// capture off while the context is known to be alive.
-TargetRunner::~TargetRunner() { llama_batch_free(batch_); }
+// The context may belong to the caller and be gone here (Python frees objects
+// in any order at exit), so it is not touched: release() turns the capture off
+// while the context is known to be alive.
+TargetRunner::~TargetRunner() = default;
 
 void TargetRunner::release() {
     if (path_ == CapturePath::Callback) {
@@ -116,56 +115,6 @@ bool TargetRunner::lazy_head_ready() {
     return true;
 }
 
-void TargetRunner::decode(const llama_token * tokens, int32_t n, int32_t pos0, bool all_logits, bool generation,
-                          bool lazy_head) {
-    if (n < 1 || n > n_batch_) {
-        throw Error("target batch of " + std::to_string(n) + " tokens (allowed 1.." + std::to_string(n_batch_) + ")");
-    }
-    if (pos0 < 0 || pos0 + n > n_ctx_) {
-        throw Error("target context is full (" + std::to_string(n_ctx_) + " tokens)");
-    }
-    batch_.n_tokens = n;
-    for (int32_t i = 0; i < n; ++i) {
-        if (tokens[i] < 0 || tokens[i] >= n_vocab_) {
-            throw Error("token id " + std::to_string(tokens[i]) + " is outside the target vocabulary");
-        }
-        batch_.token[i] = tokens[i];
-        batch_.pos[i] = pos0 + i;
-        batch_.n_seq_id[i] = 1;
-        batch_.seq_id[i][0] = 0;
-        // the last layer's output is computed only for rows that output logits
-        batch_.logits[i] = (all_logits || outputs_all_rows_ || i == n - 1) ? 1 : 0;
-    }
-    const bool capturing = path_ == CapturePath::Callback && !layers_.empty();
-    if (capturing) {
-        capture_->arm(layers_, n_embd_, n);
-    }
-    // cut before the head only when every row outputs (result_norm then holds them all)
-    const bool cut = lazy_head && all_logits && arm_lazy_head(n);
-    const int32_t nt = llama_n_threads(ctx_);
-    const int32_t ntb = llama_n_threads_batch(ctx_);
-    const bool swap_threads = generation && n > 1 && nt != ntb;
-    if (swap_threads) {
-        llama_set_n_threads(ctx_, nt, nt);
-    }
-    const int32_t rc = llama_decode(ctx_, batch_);
-    if (swap_threads) {
-        llama_set_n_threads(ctx_, nt, ntb);
-    }
-    if (capturing) {
-        capture_->disarm();
-    }
-    end_lazy_head(cut, n);
-    if (rc != 0) {
-        throw Error("target llama_decode failed (code " + std::to_string(rc) + ")");
-    }
-    if (capturing) {
-        capture_->check_complete(arch_);
-    }
-    last_n_ = n;
-    last_all_logits_ = all_logits;
-}
-
 bool TargetRunner::arm_lazy_head(int32_t n) {
     // a full decode must have shown that the head is one mul_mat (lazy_head_ready)
     const bool ok = lazy_head_ready();
@@ -199,17 +148,6 @@ const float * TargetRunner::lazy_logits(int32_t row) {
     return out;
 }
 
-const float * TargetRunner::logits(int32_t row) {
-    if (last_lazy_) {
-        return lazy_logits(row);
-    }
-    const float * out = llama_get_logits_ith(ctx_, last_all_logits_ ? row : -1);
-    if (out == nullptr) {
-        throw Error("target produced no logits for row " + std::to_string(row));
-    }
-    return out;
-}
-
 void TargetRunner::features(int32_t row0, int32_t n, std::vector<float> & out) const {
     const size_t width = static_cast<size_t>(feature_width());
     out.resize(static_cast<size_t>(n) * width);
@@ -228,10 +166,6 @@ void TargetRunner::features(int32_t row0, int32_t n, std::vector<float> & out) c
         }
     }
 }
-
-void TargetRunner::truncate(int32_t pos) { llama_memory_seq_rm(llama_get_memory(ctx_), 0, pos, -1); }
-
-void TargetRunner::clear() { llama_memory_clear(llama_get_memory(ctx_), true); }
 
 void check_drafter_fits(const Drafter & drafter, const TargetRunner & target, uint32_t ctx_rows,
                         const std::string & ctx_what) {

@@ -1,7 +1,7 @@
 // TargetRunner: the target model's llama_context as the draft-verify loop
-// uses it. The context belongs to the caller (llama-cpp-python made it); this
-// class decodes batches into its sequence 0, hands out logit rows and the
-// captured layer inputs (the drafter's features), and rolls the cache back.
+// uses it (the engine decodes; the context may belong to llama-cpp-python):
+// which layer inputs it captures and how, the captured rows (the drafter's
+// features), and the lazy LM head's rows.
 //
 // Features come through one of two capture paths (capture_rule.h): llama.cpp's
 // layer-input taps where the architecture has them, else a CallbackCapture
@@ -35,28 +35,12 @@ class TargetRunner {
     TargetRunner(const TargetRunner &) = delete;
     TargetRunner & operator=(const TargetRunner &) = delete;
 
-    // Decodes tokens at positions pos0.. (n <= n_batch). Logits for every row when
-    // all_logits, else only for the last row. generation: a verify batch, run with the
-    // context's generation threads (n_threads, what plain decoding uses for its one-row
-    // batches) instead of its prompt-processing threads (n_threads_batch): a few rows are
-    // generation work, and more threads than plain decoding uses spin at every graph
-    // barrier when the cores are oversubscribed. Throws pdf2::Error on failure.
-    // lazy_head: a verify batch whose rows' logits are read in order and only as far as
-    // the verify gets (see lazy_head.h); honoured when a head capture is set and its head
-    // is known, else the decode computes every row's logits as usual.
-    void decode(const llama_token * tokens, int32_t n, int32_t pos0, bool all_logits, bool generation = false,
-                bool lazy_head = false);
-
-    // Row of the last decode that asked for logits. After a lazy-head decode each row's
-    // head is computed on first use (so ask for rows in the order the verify needs them).
-    const float * logits(int32_t row);
-
     // The capture whose evaluation callback the context was created with, for the lazy
     // head (it may also be the feature capture). Null turns the lazy head off.
     void set_head_capture(CallbackCapture * capture);
-    // For an engine that calls llama_decode itself (the batch engine): arm the cut before
-    // a decode of n rows that all output logits (false: the lazy head cannot run, decode
-    // as usual), and note after it whether the graph was cut; lazy_logits(row) then.
+    // Around the engine's llama_decode: arm the cut before a decode of n rows that all
+    // output logits (false: the lazy head cannot run, decode as usual), and note after it
+    // whether the graph was cut; lazy_logits(row) then, rows in the order the verify needs them.
     bool arm_lazy_head(int32_t n);
     void end_lazy_head(bool armed, int32_t n);
     bool last_decode_lazy() const { return last_lazy_; }
@@ -71,9 +55,6 @@ class TargetRunner {
     // Features of rows [row0, row0+n) of the last decode: n x (n_layers * n_embd) floats.
     void features(int32_t row0, int32_t n, std::vector<float> & out) const;
     int32_t feature_width() const { return static_cast<int32_t>(layers_.size()) * n_embd_; }
-
-    void truncate(int32_t pos);  // drop cache positions >= pos
-    void clear();
 
     void claim();    // make the context capture exactly this runner's layers (before each request)
     void release();  // stop capturing layer inputs (call while the context is alive)
@@ -101,10 +82,7 @@ class TargetRunner {
     CapturePath path_ = CapturePath::Tap;
     CallbackCapture * capture_ = nullptr;  // set on the callback path
     bool outputs_all_rows_ = false;  // the last layer's output exists only for rows that output logits
-    llama_batch batch_;
     int32_t n_ctx_, n_batch_, n_vocab_, n_embd_, n_layer_;
-    int32_t last_n_ = 0;
-    bool last_all_logits_ = false;
 
     bool lazy_head_ready();
 
@@ -113,7 +91,7 @@ class TargetRunner {
     std::string head_error_;
     bool last_lazy_ = false;                 // the last decode stopped before the head
     int32_t lazy_n_ = 0;                     // its rows
-    std::vector<float> lazy_logits_;         // last_n_ x n_vocab_, row j valid once lazy_done_[j]
+    std::vector<float> lazy_logits_;         // lazy_n_ x n_vocab_, row j valid once lazy_done_[j]
     std::vector<uint8_t> lazy_done_;
     int64_t lazy_rows_total_ = 0;
     double lazy_seconds_ = 0;

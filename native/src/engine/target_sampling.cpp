@@ -90,9 +90,23 @@ llama_token argmax_token(const float * logits, int32_t n_vocab) {
 
 #endif
 
-TargetSampler::TargetSampler(const SamplingParams & params, int32_t n_vocab)
-    : params_(params), n_vocab_(n_vocab), rng_(params.seed) {
-    if (!(params.temperature >= 0.0f) || !std::isfinite(params.temperature)) {
+namespace {
+
+bool finite(float x) { return std::isfinite(x); }
+
+}  // namespace
+
+// The grammar's verdict on one token (the sampler masks a disallowed token to -inf).
+bool grammar_allows(llama_sampler * grammar, llama_token token) {
+    llama_token_data one{token, 0.0f, 0.0f};
+    llama_token_data_array arr{&one, 1, -1, false};
+    llama_sampler_apply(grammar, &arr);
+    return one.logit != -INFINITY;
+}
+
+TargetSampler::TargetSampler(const SamplingParams & params, const llama_vocab * vocab, int32_t n_ctx)
+    : params_(params), n_vocab_(llama_vocab_n_tokens(vocab)), rng_(params.seed) {
+    if (!(params.temperature >= 0.0f) || !finite(params.temperature)) {
         throw Error("temperature must be a finite number >= 0");
     }
     if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {
@@ -104,35 +118,149 @@ TargetSampler::TargetSampler(const SamplingParams & params, int32_t n_vocab)
     if (!(params.typical_p > 0.0f && params.typical_p <= 1.0f)) {
         throw Error("typical_p must be in (0, 1]");
     }
-    if (params.greedy()) {
-        return;
+    if (!(params.repeat_penalty > 0.0f) || !finite(params.repeat_penalty)) {
+        throw Error("repeat_penalty must be a finite number > 0 (1: off)");
     }
-    chain_ = llama_sampler_chain_init(llama_sampler_chain_default_params());
-    const size_t min_keep = 1;
-    llama_sampler_chain_add(chain_, llama_sampler_init_top_k(params.top_k));
-    llama_sampler_chain_add(chain_, llama_sampler_init_typical(params.typical_p, min_keep));
-    llama_sampler_chain_add(chain_, llama_sampler_init_top_p(params.top_p, min_keep));
-    llama_sampler_chain_add(chain_, llama_sampler_init_min_p(params.min_p, min_keep));
-    llama_sampler_chain_add(chain_, llama_sampler_init_temp(params.temperature));
-    cur_.resize(static_cast<size_t>(n_vocab));
+    if (!finite(params.frequency_penalty) || !finite(params.presence_penalty)) {
+        throw Error("frequency_penalty and presence_penalty must be finite numbers (0: off)");
+    }
+    if (params.repeat_last_n < -1) {
+        throw Error("repeat_last_n must be >= 0, or -1 for the whole context");
+    }
+    if (params.n_logprobs < -1 || params.n_logprobs > MAX_LOGPROBS) {
+        throw Error("logprobs (top alternatives) must be in 0.." + std::to_string(MAX_LOGPROBS));
+    }
+    for (const llama_logit_bias & b : params.logit_bias) {
+        if (b.token < 0 || b.token >= n_vocab_) {
+            throw Error("logit_bias: token id " + std::to_string(b.token) + " is outside the vocabulary (0.." +
+                        std::to_string(n_vocab_ - 1) + ")");
+        }
+        if (std::isnan(b.bias) || b.bias == INFINITY) {
+            throw Error("logit_bias: the bias of token " + std::to_string(b.token) +
+                        " must be a finite number (or -inf: never)");
+        }
+    }
+    if (params_.repeat_last_n == -1 || params_.repeat_last_n > n_ctx) {
+        params_.repeat_last_n = n_ctx;  // a window longer than the context is the context
+    }
+    cur_.resize(static_cast<size_t>(n_vocab_));
+    struct FreeOnThrow {  // the samplers made so far, when a later one fails
+        TargetSampler & s;
+        bool done = false;
+        ~FreeOnThrow() {
+            if (!done) s.free_samplers();
+        }
+    } guard{*this};
+    if (!params_.logit_bias.empty() || params_.penalized()) {
+        shaping_ = llama_sampler_chain_init(llama_sampler_chain_default_params());
+        if (!params_.logit_bias.empty()) {
+            llama_sampler_chain_add(shaping_, llama_sampler_init_logit_bias(
+                n_vocab_, static_cast<int32_t>(params_.logit_bias.size()), params_.logit_bias.data()));
+        }
+        if (params_.penalized()) {
+            llama_sampler_chain_add(shaping_, llama_sampler_init_penalties(
+                n_vocab_, params_.repeat_last_n, params_.repeat_penalty, params_.frequency_penalty,
+                params_.presence_penalty));
+        }
+    }
+    if (!params_.grammar.empty()) {
+        if (params_.grammar.find('\0') != std::string::npos) {
+            throw Error("grammar: the GBNF text holds a NUL character");
+        }
+        grammar_ = llama_sampler_init_grammar(vocab, params_.grammar.c_str(), "root");
+        if (grammar_ == nullptr) {
+            throw Error("grammar: llama.cpp could not parse it as GBNF with a 'root' rule (or it is left-recursive)");
+        }
+    }
+    if (!params_.greedy()) {
+        tail_ = llama_sampler_chain_init(llama_sampler_chain_default_params());
+        const size_t min_keep = 1;
+        llama_sampler_chain_add(tail_, llama_sampler_init_top_k(params_.top_k));
+        llama_sampler_chain_add(tail_, llama_sampler_init_typical(params_.typical_p, min_keep));
+        llama_sampler_chain_add(tail_, llama_sampler_init_top_p(params_.top_p, min_keep));
+        llama_sampler_chain_add(tail_, llama_sampler_init_min_p(params_.min_p, min_keep));
+        llama_sampler_chain_add(tail_, llama_sampler_init_temp(params_.temperature));
+    }
+    guard.done = true;
 }
 
-TargetSampler::~TargetSampler() {
-    if (chain_ != nullptr) {
-        llama_sampler_free(chain_);
+TargetSampler::~TargetSampler() { free_samplers(); }
+
+void TargetSampler::free_samplers() {
+    for (llama_sampler ** s : {&shaping_, &grammar_, &tail_}) {
+        if (*s != nullptr) {
+            llama_sampler_free(*s);
+            *s = nullptr;
+        }
     }
 }
 
-void TargetSampler::distribution(const float * logits, SparseDist & out) {
+void TargetSampler::shape(const float * logits) {
     for (int32_t i = 0; i < n_vocab_; ++i) {
         cur_[static_cast<size_t>(i)] = llama_token_data{i, logits[i], 0.0f};
     }
+    if (shaping_ != nullptr) {
+        llama_token_data_array arr{cur_.data(), cur_.size(), -1, false};
+        llama_sampler_apply(shaping_, &arr);  // in place, id order kept
+    }
+}
+
+llama_token TargetSampler::greedy(const float * logits) {
+    if (shaping_ == nullptr && grammar_ == nullptr) {
+        return argmax_token(logits, n_vocab_);  // nothing shapes the logits: the fast scan
+    }
+    // the first index of the maximum, as llama.cpp's greedy sampler picks it
+    auto argmax_cur = [this] {
+        llama_token pick = -1;
+        float top = -INFINITY;
+        for (const llama_token_data & d : cur_) {
+            if (d.logit > top) {
+                top = d.logit;
+                pick = d.id;
+            }
+        }
+        return pick;
+    };
+    llama_token best;
+    if (shaping_ != nullptr) {
+        shape(logits);
+        best = argmax_cur();
+    } else {
+        best = argmax_token(logits, n_vocab_);
+    }
+    // the grammar only masks tokens: when it allows the unmasked argmax, that is the masked one
+    // (llama.cpp's common sampler checks the same way before it masks the whole vocabulary)
+    if (best >= 0 && (grammar_ == nullptr || grammar_allows(grammar_, best))) {
+        return best;
+    }
+    if (grammar_ != nullptr) {
+        if (shaping_ == nullptr) {
+            shape(logits);
+        }
+        llama_token_data_array arr{cur_.data(), cur_.size(), -1, false};
+        llama_sampler_apply(grammar_, &arr);
+        best = argmax_cur();
+    }
+    if (best < 0) {
+        throw Error("the sampler chain leaves no token (the grammar or logit_bias masks every candidate)");
+    }
+    return best;
+}
+
+void TargetSampler::distribution(const float * logits, SparseDist & out) {
+    shape(logits);
     llama_token_data_array arr{cur_.data(), cur_.size(), -1, false};
-    llama_sampler_apply(chain_, &arr);
+    if (grammar_ != nullptr) {
+        llama_sampler_apply(grammar_, &arr);
+    }
+    llama_sampler_apply(tail_, &arr);
 
     float max_logit = -INFINITY;
     for (size_t i = 0; i < arr.size; ++i) {
         max_logit = std::max(max_logit, arr.data[i].logit);
+    }
+    if (max_logit == -INFINITY) {
+        throw Error("the sampler chain leaves no token (the grammar or logit_bias masks every candidate)");
     }
     out.ids.clear();
     out.probs.clear();
@@ -148,6 +276,55 @@ void TargetSampler::distribution(const float * logits, SparseDist & out) {
     }
     for (float & p : out.probs) {
         p = static_cast<float>(p / sum);
+    }
+}
+
+SamplerPtr TargetSampler::grammar_copy() const {
+    return SamplerPtr(grammar_ != nullptr ? llama_sampler_clone(grammar_) : nullptr);
+}
+
+bool TargetSampler::allowed(llama_token token) { return grammar_ == nullptr || grammar_allows(grammar_, token); }
+
+void TargetSampler::accept(llama_token token) {
+    if (shaping_ != nullptr) {
+        llama_sampler_accept(shaping_, token);
+    }
+    if (grammar_ != nullptr) {
+        // llama.cpp aborts the process on an end-of-generation token its grammar does not allow
+        if (!grammar_allows(grammar_, token)) {
+            throw Error("token " + std::to_string(token) + " is not allowed by the grammar here");
+        }
+        llama_sampler_accept(grammar_, token);
+    }
+}
+
+void token_logprob(const float * logits, int32_t n_vocab, llama_token token, int32_t n_top, TokenLogprob & out) {
+    double max_logit = -INFINITY;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        max_logit = std::max(max_logit, static_cast<double>(logits[i]));
+    }
+    double sum = 0.0;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        sum += std::exp(static_cast<double>(logits[i]) - max_logit);
+    }
+    const double log_z = max_logit + std::log(sum);
+    out.logprob = static_cast<float>(static_cast<double>(logits[token]) - log_z);
+    out.top_ids.clear();
+    out.top_logprobs.clear();
+    if (n_top <= 0) {
+        return;
+    }
+    // most likely first; equal logits: the higher id first (llama-cpp-python sorts (logprob, id) descending)
+    std::vector<llama_token> ids(static_cast<size_t>(n_vocab));
+    for (int32_t i = 0; i < n_vocab; ++i) ids[static_cast<size_t>(i)] = i;
+    const size_t k = std::min<size_t>(static_cast<size_t>(n_top), ids.size());
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),
+                      [logits](llama_token a, llama_token b) {
+                          return logits[a] != logits[b] ? logits[a] > logits[b] : a > b;
+                      });
+    for (size_t i = 0; i < k; ++i) {
+        out.top_ids.push_back(ids[i]);
+        out.top_logprobs.push_back(static_cast<float>(static_cast<double>(logits[ids[i]]) - log_z));
     }
 }
 

@@ -1,17 +1,25 @@
-// The target's token distribution p, shaped exactly as plain llama.cpp
-// decoding shapes it: the same llama_sampler objects (top-k, typical, top-p,
-// min-p, temperature, in llama-cpp-python's order) are applied to the logits,
-// and p is the softmax of what they leave. Only the final draw differs: the
-// verifier draws from p itself (rejection sampling), which is the same law.
+// The target's sampler chain, exactly as plain llama-cpp-python decoding applies
+// it, with llama.cpp's own samplers in llama-cpp-python's order: logit bias,
+// penalties, grammar, then (temperature > 0) top-k, typical, top-p, min-p,
+// temperature. Greedy takes the argmax after bias, penalties and grammar;
+// sampling uses p = the softmax of what the whole chain leaves, and only the
+// final draw differs: the verifier draws from p itself (rejection sampling),
+// which is the same law. History-dependent samplers (penalties, grammar) see
+// exactly the committed tokens: accept() each, in order, as verification walks
+// the rows (a row is read only when every draft before it was accepted).
 #pragma once
 
 #include <llama.h>
 
 #include <cstdint>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace pdf2 {
+
+constexpr int32_t MAX_LOGPROBS = 20;  // top alternatives per token (OpenAI's top_logprobs limit)
 
 struct SamplingParams {
     float temperature = 0.0f;  // 0 = greedy
@@ -20,9 +28,37 @@ struct SamplingParams {
     float min_p = 0.0f;        // 0: off
     float typical_p = 1.0f;    // 1: off
     uint64_t seed = 0;
+    std::vector<llama_logit_bias> logit_bias;  // added to the logits first
+    float repeat_penalty = 1.0f;     // 1: off
+    float frequency_penalty = 0.0f;  // 0: off
+    float presence_penalty = 0.0f;   // 0: off
+    int32_t repeat_last_n = 64;      // penalties look at this many last tokens (-1: the whole context)
+    std::string grammar;             // GBNF (root rule "root"), "": none
+    int32_t n_logprobs = -1;         // < 0: no logprobs; else top alternatives per committed token (0..20)
 
     bool greedy() const { return temperature <= 0.0f; }
+    bool penalized() const {
+        return repeat_last_n != 0 && (repeat_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f);
+    }
 };
+
+struct SamplerFree {
+    void operator()(llama_sampler * s) const { llama_sampler_free(s); }
+};
+using SamplerPtr = std::unique_ptr<llama_sampler, SamplerFree>;
+
+// Whether a grammar sampler in its current state allows token next.
+bool grammar_allows(llama_sampler * grammar, llama_token token);
+
+// A committed token's log-probability under the target (the log-softmax of its raw
+// logits, as llama-server's n_probs and llama-cpp-python's logprobs report them), and
+// the top alternatives, most likely first.
+struct TokenLogprob {
+    float logprob = 0.0f;
+    std::vector<llama_token> top_ids;
+    std::vector<float> top_logprobs;
+};
+void token_logprob(const float * logits, int32_t n_vocab, llama_token token, int32_t n_top, TokenLogprob & out);
 
 // A distribution over a subset of the vocabulary (tokens outside have 0).
 struct SparseDist {
@@ -37,15 +73,26 @@ llama_token argmax_token(const float * logits, int32_t n_vocab);
 
 class TargetSampler {
   public:
-    TargetSampler(const SamplingParams & params, int32_t n_vocab);
+    // Validates every parameter before llama.cpp sees it (a bad grammar is an Error).
+    // n_ctx: the sequence's context (repeat_last_n -1, and the largest window).
+    TargetSampler(const SamplingParams & params, const llama_vocab * vocab, int32_t n_ctx);
     ~TargetSampler();
     TargetSampler(const TargetSampler &) = delete;
     TargetSampler & operator=(const TargetSampler &) = delete;
 
     const SamplingParams & params() const { return params_; }
 
-    // p for one row of target logits (only for temperature > 0).
+    // Greedy: the token plain greedy decoding picks from this row of target logits
+    // (the argmax after logit bias, penalties and grammar).
+    llama_token greedy(const float * logits);
+    // p for one row of target logits (only for temperature > 0), after the whole chain.
     void distribution(const float * logits, SparseDist & out);
+    // A token is committed: the history-dependent samplers take it.
+    void accept(llama_token token);
+    // Whether the grammar (if any) allows token next.
+    bool allowed(llama_token token);
+    // A copy of the grammar in its current state (to try drafts on), null without one.
+    SamplerPtr grammar_copy() const;
 
     // Draws a token from a distribution with this sampler's seeded generator.
     llama_token draw(const SparseDist & dist);
@@ -54,9 +101,14 @@ class TargetSampler {
     std::mt19937_64 & rng() { return rng_; }
 
   private:
+    void free_samplers();
+    void shape(const float * logits);  // cur_ = the logits after bias and penalties (id order kept)
+
     SamplingParams params_;
     int32_t n_vocab_;
-    llama_sampler * chain_ = nullptr;
+    llama_sampler * shaping_ = nullptr;  // logit bias, penalties (null: neither)
+    llama_sampler * grammar_ = nullptr;
+    llama_sampler * tail_ = nullptr;     // top-k .. temperature (temperature > 0)
     std::vector<llama_token_data> cur_;
     std::mt19937_64 rng_;
 };

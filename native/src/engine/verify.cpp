@@ -4,17 +4,19 @@
 
 namespace pdf2 {
 
-VerifyResult verify_greedy(const std::vector<llama_token> & drafts, const LogitRows & row, int32_t n_vocab) {
+VerifyResult verify_greedy(const std::vector<llama_token> & drafts, const LogitRows & row, TargetSampler & sampler) {
     VerifyResult r;
     for (size_t j = 0; j < drafts.size(); ++j) {
-        const llama_token want = argmax_token(row(static_cast<int>(j)), n_vocab);
+        const llama_token want = sampler.greedy(row(static_cast<int>(j)));
+        sampler.accept(want);
         if (want != drafts[j]) {
             r.next = want;
             return r;
         }
         ++r.n_accepted;
     }
-    r.next = argmax_token(row(static_cast<int>(drafts.size())), n_vocab);
+    r.next = sampler.greedy(row(static_cast<int>(drafts.size())));
+    sampler.accept(r.next);
     return r;
 }
 
@@ -27,6 +29,7 @@ VerifyResult verify_stochastic(const std::vector<llama_token> & drafts, const st
         const float pd = p.prob_of(drafts[j]);
         const float qd = q[j].prob_of(drafts[j]);
         if (qd > 0.0f && sampler.uniform() * qd < pd) {  // accept with probability min(1, p/q)
+            sampler.accept(drafts[j]);
             ++r.n_accepted;
             continue;
         }
@@ -43,16 +46,18 @@ VerifyResult verify_stochastic(const std::vector<llama_token> & drafts, const st
         }
         if (total <= 0.0) {
             r.next = sampler.draw(p);  // p <= q everywhere only through rounding: p is the law then
-            return r;
+        } else {
+            for (float & v : residual.probs) {
+                v = static_cast<float>(v / total);
+            }
+            r.next = sampler.draw(residual);
         }
-        for (float & v : residual.probs) {
-            v = static_cast<float>(v / total);
-        }
-        r.next = sampler.draw(residual);
+        sampler.accept(r.next);
         return r;
     }
     sampler.distribution(row(static_cast<int>(drafts.size())), p);
     r.next = sampler.draw(p);
+    sampler.accept(r.next);
     return r;
 }
 

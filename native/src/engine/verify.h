@@ -20,7 +20,9 @@ struct VerifyResult {
 // asked for in order and only as far as the verify gets (the target's head may run lazily).
 using LogitRows = std::function<const float *(int)>;
 
-VerifyResult verify_greedy(const std::vector<llama_token> & drafts, const LogitRows & row, int32_t n_vocab);
+// Both take the sampler chain: every committed token (accepted drafts, then the bonus or
+// correction token) is accepted into its history as the walk reaches it.
+VerifyResult verify_greedy(const std::vector<llama_token> & drafts, const LogitRows & row, TargetSampler & sampler);
 
 // q[j] = the draft distribution the j-th draft was drawn from.
 VerifyResult verify_stochastic(const std::vector<llama_token> & drafts, const std::vector<SparseDist> & q,

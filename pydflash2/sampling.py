@@ -1,0 +1,98 @@
+"""A request's sampler chain and logprobs, as the native engine takes and gives them.
+
+The engine applies llama.cpp's own samplers in llama-cpp-python's order (logit
+bias, penalties, grammar, then top-k, top-p, min-p, temperature; greedy takes
+the argmax after bias, penalties and grammar) and checks every value before
+llama.cpp sees it. The Speculator and the server's engine binding both build
+their requests here, with the same keyword names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import _native
+from ._native import ffi, lib
+
+MAX_LOGPROBS = 20  # top alternatives per token (OpenAI's top_logprobs limit; native MAX_LOGPROBS)
+
+
+@dataclass
+class TokenLogprob:
+    """A committed token's log-probability under the target: the log-softmax of its raw
+    logits, as llama-server's n_probs and llama-cpp-python's logprobs report them (the
+    bonus or correction token of a step included). top: the most likely tokens there,
+    most likely first, as (token id, logprob)."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+class SamplingRequest:
+    """The native pdf2_sampling struct of one request, with the buffers it points to."""
+
+    def __init__(
+        self,
+        *,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        seed: int = 0,
+        max_tokens: int = 0,
+        grammar: str | None = None,
+        logit_bias: Mapping[int, float] | None = None,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        repeat_penalty: float = 1.0,
+        repeat_last_n: int = 64,
+        logprobs: int | None = None,
+    ) -> None:
+        if logprobs is not None and not 0 <= int(logprobs) <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs (top alternatives) must be in 0..{MAX_LOGPROBS}, got {logprobs}")
+        if grammar is not None and not isinstance(grammar, str):
+            raise TypeError("grammar must be GBNF text (str)")
+        bias = dict(logit_bias or {})
+        try:
+            self._bias_tokens = np.ascontiguousarray([int(t) for t in bias], dtype=np.int32)
+            self._bias_values = np.ascontiguousarray([float(v) for v in bias.values()], dtype=np.float32)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ValueError(f"logit_bias must map token ids to numbers: {e}") from None
+        self._grammar = ffi.new("char[]", grammar.encode("utf-8")) if grammar else ffi.NULL
+        self.n_logprobs = -1 if logprobs is None else int(logprobs)
+        self.struct = ffi.new("pdf2_sampling *", {
+            "temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p), "min_p": float(min_p),
+            "seed": int(seed), "max_tokens": int(max_tokens), "repeat_penalty": float(repeat_penalty),
+            "frequency_penalty": float(frequency_penalty), "presence_penalty": float(presence_penalty),
+            "repeat_last_n": int(repeat_last_n), "grammar": self._grammar,
+            "logit_bias_tokens": ffi.from_buffer("int32_t[]", self._bias_tokens) if len(bias) else ffi.NULL,
+            "logit_bias_values": ffi.from_buffer("float[]", self._bias_values) if len(bias) else ffi.NULL,
+            "n_logit_bias": len(bias), "n_logprobs": self.n_logprobs,
+        })
+
+
+def step_logprobs(engine: Any, slot: int, tokens: list[int], n_top: int) -> list[TokenLogprob]:
+    """Logprobs of `tokens`, the tokens the engine's last step committed on `slot`
+    (engine: a pdf2_batch_engine handle; n_top: the request's logprobs count)."""
+    n = len(tokens)
+    if n == 0:
+        return []
+    lp = np.zeros(n, dtype=np.float32)
+    ids = np.zeros(max(1, n * n_top), dtype=np.int32)
+    vals = np.zeros(max(1, n * n_top), dtype=np.float32)
+    got = lib.pdf2_batch_engine_logprobs(engine, int(slot), ffi.from_buffer("float[]", lp),
+                                         ffi.from_buffer("int32_t[]", ids), ffi.from_buffer("float[]", vals),
+                                         int(n_top), n)
+    if got != n:
+        raise _native.NativeError(_native.last_error() or f"logprobs: {got} of {n} tokens")
+    out = []
+    for i, tok in enumerate(tokens):
+        top = [(int(ids[i * n_top + j]), float(vals[i * n_top + j])) for j in range(n_top)
+               if ids[i * n_top + j] >= 0]
+        out.append(TokenLogprob(int(tok), float(lp[i]), top))
+    return out
