@@ -46,6 +46,9 @@ class TrainOptions:
     eval_max_tokens: int = 64
     eval_file: Path | None = None  # None: the built-in dev prompts
     device: str = "auto"  # where the drafter runs for that evaluation
+    soft_top_k: int = 0  # distillation keeps the target's top-k log-probabilities (0: hard labels only)
+    soft_weight: float | None = None  # None: 0.5 when the data keeps soft labels, else 0
+    init_layers: str = "none"  # "none", "last" or comma-separated target layer ids
     resume: bool = False
     progress: bool | None = None
     settings: dict = field(default_factory=dict)  # TrainSettings overrides
@@ -55,12 +58,26 @@ def log(msg: str) -> None:
     print(f"[pydflash2 train] {msg}", file=sys.stderr, flush=True)
 
 
+def init_layer_ids(opts: TrainOptions, n_target_layers: int) -> list[int]:
+    """Target layer ids the drafter layers start from ([] for random init)."""
+    if opts.init_layers == "none":
+        return []
+    if opts.init_layers == "last":
+        return list(range(max(0, n_target_layers - opts.layers), n_target_layers))
+    return [int(x) for x in opts.init_layers.split(",")]
+
+
 def make_config(opts: TrainOptions, info, data, draft_ids: list[int]):  # noqa: ANN001, ANN201
     from .model import DrafterConfig
+    from .target import target_shape
 
     H = info.n_embd
     n_head = opts.n_head or max(1, H // 64)
     n_head_kv = opts.n_head_kv or (n_head // 3 if n_head % 3 == 0 else n_head)
+    head_dim, n_ff = H // n_head, opts.n_ff or max(64, int(round(H * 8 / 3 / 64)) * 64)
+    if opts.init_layers != "none":  # copied layers keep the target's shape
+        shape = target_shape(opts.target)
+        n_head, n_head_kv, head_dim, n_ff = shape["n_head"], shape["n_head_kv"], shape["head_dim"], shape["n_ff"]
     k = opts.selector_top_k
     while k > 1 and k * (k + 1) > H:  # upstream packs the lattice into H-wide rows
         k -= 1
@@ -68,7 +85,7 @@ def make_config(opts: TrainOptions, info, data, draft_ids: list[int]):  # noqa: 
     return DrafterConfig(
         n_embd=H, n_vocab=info.n_vocab, target_layer_ids=list(data.meta["target_layer_ids"]),
         mask_token_id=info.mask_token_id, n_layer=opts.layers, n_head=n_head, n_head_kv=n_head_kv,
-        head_dim=H // n_head, n_ff=opts.n_ff or max(64, int(round(H * 8 / 3 / 64)) * 64),
+        head_dim=head_dim, n_ff=n_ff,
         block_size=opts.block_size, rms_eps=info.rms_eps, rope_theta=info.rope_theta, version=opts.version,
         conv_kernel_size=opts.conv_kernel_size, conv_group_size=group, selector_rank=opts.selector_rank,
         selector_top_k=k, draft_ids=draft_ids,
@@ -111,7 +128,7 @@ def run(opts: TrainOptions) -> dict:
     else:
         deadline = time.monotonic() + opts.data_minutes * 60 if opts.data_minutes > 0 else None
         distill(opts.target, prompts, data_dir, taps, n_seq=opts.n_seq, max_new=opts.max_new,
-                n_threads=opts.threads or None, progress=opts.progress, deadline=deadline)
+                n_threads=opts.threads or None, progress=opts.progress, deadline=deadline, top_k=opts.soft_top_k)
         data = Dataset(data_dir)
     if len(data) == 0:
         raise ValueError("distillation produced no sequence")
@@ -128,11 +145,18 @@ def run(opts: TrainOptions) -> dict:
         if draft_ids:
             log(f"draft vocabulary: {len(draft_ids)} tokens cover {100 * coverage(counts, draft_ids):.2f}% "
                 "of the target's tokens")
-    model = build_model(cfg, opts.target)
+    init = [] if ckpt.exists() else init_layer_ids(opts, info.n_layer)
+    model = build_model(cfg, opts.target, init)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"drafter: DFlash{'2' if cfg.version == 2 else ''}, {cfg.n_layer} layer(s), {n_params / 1e6:.2f} M "
         f"trainable parameters, block {cfg.block_size}")
-    settings = TrainSettings(**opts.settings)
+    soft_weight = opts.soft_weight if opts.soft_weight is not None else (0.5 if data.top_k else 0.0)
+    if soft_weight > 0 and not data.top_k:
+        raise ValueError(f"--soft-weight {soft_weight} needs soft labels: {data_dir} was distilled "
+                         "without --soft-top-k")
+    settings = TrainSettings(**{"soft_weight": soft_weight, **opts.settings})
+    if init:
+        log(f"drafter layers start as target layers {init}")
     t1 = time.monotonic()
     summary = train(model, data, out, settings, resume=opts.resume, progress=opts.progress)
     hf = export_hf(model, out / "hf")
@@ -143,7 +167,9 @@ def run(opts: TrainOptions) -> dict:
         "data_seconds": round(data_s, 1), "train_wall_seconds": round(time.monotonic() - t1, 1),
         "gguf": str(gguf_path), "gguf_mib": round(gguf_path.stat().st_size / 2**20, 2),
         "config": {k: v for k, v in cfg.to_dict().items() if k != "draft_ids"}, "draft_vocab": cfg.n_draft,
-        "mask_token": info.mask_token,
+        "mask_token": info.mask_token, "init_layers": init, "soft_top_k": data.top_k,
+        "loss": {k: getattr(settings, k) for k in ("soft_weight", "gamma", "selector_gold_slot", "selector_decay",
+                                                   "selector_backbone")},
     })
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     log(f"wrote {hf} and {gguf_path} ({summary['gguf_mib']} MiB); "

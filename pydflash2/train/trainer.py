@@ -19,8 +19,8 @@ from tqdm import tqdm
 
 from .dataset import Dataset
 from .model import DFlash2Drafter, DrafterConfig
-from .objective import compute_losses, expected_tau, lr_at, sample_batch
-from .target import frozen_tables, output_norm
+from .objective import LossOptions, compute_losses, expected_tau, lr_at, sample_batch
+from .target import frozen_tables, output_norm, target_layer_weights
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -35,6 +35,10 @@ class TrainSettings:
     weight_decay: float = 0.01
     gamma: float = 4.0
     selector_weight: float = 1.0
+    soft_weight: float = 0.0  # share of the soft-label KL in the token loss (needs a dataset with top-k)
+    selector_gold_slot: bool = True
+    selector_decay: bool = False
+    selector_backbone: bool = False
     checkpoint_minutes: float = 5.0
     seed: int = 0
     threads: int = 0  # 0: torch's default
@@ -42,9 +46,35 @@ class TrainSettings:
     log: list[dict] = field(default_factory=list)
 
 
-def build_model(cfg: DrafterConfig, target: str | Path) -> DFlash2Drafter:
+def loss_options(s: TrainSettings) -> LossOptions:
+    return LossOptions(gamma=s.gamma, selector_weight=s.selector_weight, soft_weight=s.soft_weight,
+                       selector_gold_slot=s.selector_gold_slot, selector_decay=s.selector_decay,
+                       selector_backbone=s.selector_backbone)
+
+
+def init_from_target(model: DFlash2Drafter, target: str | Path, layers: list[int]) -> None:
+    """Drafter layer i starts as target layer layers[i] (attention, MLP, both norms; the local
+    convolutions stay the identity, so the layer computes the target layer's function)."""
+    if len(layers) != len(model.layers):
+        raise ValueError(f"{len(model.layers)} drafter layer(s) need as many target layers, got {layers}")
+    for layer, tl in zip(model.layers, layers, strict=True):
+        weights = target_layer_weights(target, tl)
+        own = layer.state_dict()
+        for name, w in weights.items():
+            if own[name].shape != w.shape:
+                raise ValueError(f"target layer {tl}'s {name} is {list(w.shape)}, the drafter's "
+                                 f"{list(own[name].shape)}: give the drafter the target's layer shape")
+        with torch.no_grad():
+            for name, w in weights.items():
+                own[name].copy_(torch.from_numpy(w))
+
+
+def build_model(cfg: DrafterConfig, target: str | Path, init_layers: list[int] | None = None) -> DFlash2Drafter:
+    """init_layers: target layer ids the drafter layers start from (None: random init)."""
     emb, head = frozen_tables(target)
     model = DFlash2Drafter(cfg, emb, head)
+    if init_layers:
+        init_from_target(model, target, init_layers)
     norm = output_norm(target)
     if norm is not None and norm.shape == (cfg.n_embd,):
         with torch.no_grad():
@@ -67,20 +97,21 @@ def evaluate(model: DFlash2Drafter, data: Dataset, val_ids: np.ndarray, s: Train
         return {}
     model.eval()
     rng = np.random.default_rng(7)
-    ces, sels, accs, walks = [], [], [], []
+    ces, softs, sels, accs, walks = [], [], [], [], []
     for i in range(0, len(val_ids), s.batch_seqs):
         b = sample_batch(data, rng, s.batch_seqs, s.anchors, model.config.block_size,
                          seq_ids=val_ids[i : i + s.batch_seqs])
-        loss = compute_losses(model, b, gamma=s.gamma, selector_weight=s.selector_weight)
-        ces.append(loss.ce)
-        sels.append(loss.selector)
-        accs.append(loss.acc)
-        walks.append(loss.walk_acc)
+        loss = compute_losses(model, b, loss_options(s))
+        ces.append(loss.ce.item())
+        softs.append(loss.soft.item())
+        sels.append(loss.selector.item())
+        accs.append(loss.acc.tolist())
+        walks.append(loss.walk_acc.tolist())
     model.train()
     acc = np.mean(np.asarray(accs), axis=0).tolist()
     walk = np.mean(np.asarray(walks), axis=0).tolist()
-    return {"val_ce": float(np.mean(ces)), "val_selector": float(np.mean(sels)), "val_acc": acc,
-            "val_walk_acc": walk, "val_tau_est": expected_tau(walk)}
+    return {"val_ce": float(np.mean(ces)), "val_soft_kl": float(np.mean(softs)), "val_selector": float(np.mean(sels)),
+            "val_acc": acc, "val_walk_acc": walk, "val_tau_est": expected_tau(walk)}
 
 
 def train(model: DFlash2Drafter, data: Dataset, out: Path, s: TrainSettings, *, resume: bool = False,
@@ -128,7 +159,8 @@ def train(model: DFlash2Drafter, data: Dataset, out: Path, s: TrainSettings, *, 
                bar_format="{l_bar}{bar}| {n:.1f}/{total:.0f}% [{elapsed}<{remaining}]{postfix}",
                disable=(None if progress is None else not progress) if rank == 0 else True)
     last_ckpt = time.monotonic()
-    ema: float | None = None
+    ema: torch.Tensor | None = None  # a tensor: the step reads nothing back to the host but at log steps
+    lopts = loss_options(s)
     model.train()
     while frac() < 1.0:
         t0 = time.monotonic()
@@ -136,26 +168,31 @@ def train(model: DFlash2Drafter, data: Dataset, out: Path, s: TrainSettings, *, 
             g["lr"] = s.lr * lr_at(frac())
         batch = sample_batch(data, rng, s.batch_seqs, s.anchors, model.config.block_size,
                              seq_ids=rng.choice(train_ids, size=min(s.batch_seqs, len(train_ids)), replace=False))
-        loss = compute_losses(model, batch, gamma=s.gamma, selector_weight=s.selector_weight, forward=ddp_model)
+        loss = compute_losses(model, batch, lopts, forward=ddp_model)
         opt.zero_grad(set_to_none=True)
         loss.total.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
         opt.step()
         step += 1
         elapsed += time.monotonic() - t0
-        ema = loss.total.item() if ema is None else 0.95 * ema + 0.05 * loss.total.item()
+        t = loss.total.detach()
+        ema = t if ema is None else 0.95 * ema + 0.05 * t
         if step % 20 == 0 or step == 1:
-            log.append({"step": step, "elapsed_s": round(elapsed, 1), "loss": round(ema, 4), "ce": round(loss.ce, 4),
-                        "selector": round(loss.selector, 4), "acc1": round(loss.acc[0], 3),
-                        "tau_est": round(expected_tau(loss.walk_acc), 3), "lr": opt.param_groups[0]["lr"]})
-        bar.set_postfix_str(f"step {step} loss {ema:.3f} ce {loss.ce:.3f} sel {loss.selector:.3f} "
-                            f"acc1 {loss.acc[0]:.2f} tau~{expected_tau(loss.walk_acc):.2f}", refresh=False)
+            walk = loss.walk_acc.tolist()
+            log.append({"step": step, "elapsed_s": round(elapsed, 1), "loss": round(ema.item(), 4),
+                        "ce": round(loss.ce.item(), 4), "soft_kl": round(loss.soft.item(), 4),
+                        "selector": round(loss.selector.item(), 4), "acc1": round(loss.acc[0].item(), 3),
+                        "tau_est": round(expected_tau(walk), 3), "lr": opt.param_groups[0]["lr"]})
+            e = log[-1]
+            bar.set_postfix_str(f"step {step} loss {e['loss']:.3f} ce {e['ce']:.3f} sel {e['selector']:.3f} "
+                                f"acc1 {e['acc1']:.2f} tau~{e['tau_est']:.2f}", refresh=False)
         bar.update(round(100 * min(frac(), 1.0), 1) - bar.n)  # redraws at most every mininterval
         if time.monotonic() - last_ckpt > s.checkpoint_minutes * 60:
             save()
             last_ckpt = time.monotonic()
     bar.close()
-    summary = {"steps": step, "train_seconds": round(elapsed, 1), "final_loss": ema, "last": log[-1] if log else {}}
+    summary = {"steps": step, "train_seconds": round(elapsed, 1), "final_loss": None if ema is None else ema.item(),
+               "last": log[-1] if log else {}}
     summary.update(evaluate(model, data, val_ids, s))
     log.append({"step": step, "elapsed_s": round(elapsed, 1), **{k: v for k, v in summary.items() if k != "last"}})
     save()
