@@ -338,3 +338,23 @@ def test_prompt_filter_and_conversation_lines() -> None:
             {"role": "user", "content": "d"}]
     assert as_messages(json.dumps(conv)) == conv
     assert as_messages("[not json") == [{"role": "user", "content": "[not json"}]
+
+
+def test_train_command_with_the_recipe(tmp_path: Path, hot_target: Path) -> None:
+    """`pydflash2 train` end to end with soft labels and target-initialised layers."""
+    from pydflash2.cli import main as cli_main
+
+    common = ["train", "--target", str(hot_target), "--max-prompts", "6", "--max-new", "16", "--n-seq", "3",
+              "--taps", "3", "--layers", "1", "--block-size", "6", "--draft-vocab", "300", "--max-steps", "4",
+              "--batch", "2", "--anchors", "4", "--top-k", "4", "--rank", "8", "--outtype", "f16",
+              "--eval-prompts", "0", "--threads", "1"]
+    out = tmp_path / "run"
+    assert cli_main([*common, "--out", str(out), "--soft-top-k", "8", "--init-layers", "first"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["soft_top_k"] == 8 and summary["init_layers"] == [0]
+    assert summary["loss"]["soft_weight"] == 0.5 and summary["loss"]["selector_gold_slot"]
+    assert summary["config"]["n_head"] == 4 and summary["config"]["head_dim"] == 16  # the target's shape
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert log[0]["soft_kl"] > 0
+    hard = tmp_path / "hard"
+    assert cli_main([*common, "--out", str(hard), "--soft-weight", "0.5"]) == 2  # no soft labels to weigh

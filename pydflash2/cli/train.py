@@ -68,9 +68,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="share of the KL to those soft labels in the token loss, the rest hard cross-entropy "
                         "(default 0.5 when the data has soft labels, else 0)")
     p.add_argument("--init-layers", default="none",
-                   help="drafter layers start as these target layers: comma list of target layer ids, 'last' "
-                        "(the target's last --layers layers) or 'none' (random; default). Takes the target's "
-                        "attention and MLP shape")
+                   help="drafter layers start as these target layers: comma list of target layer ids, 'first' "
+                        "/ 'last' (the target's first / last --layers layers) or 'none' (random; default). Takes "
+                        "the target's attention and MLP shape")
     p.add_argument("--selector-decay", action="store_true",
                    help="decay-weight the selector loss over block positions like the token loss")
     p.add_argument("--selector-backbone", action="store_true",
@@ -109,11 +109,11 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--eval-file: {eval_file} not found")
     if args.soft_top_k < 0 or (args.soft_weight is not None and not 0.0 <= args.soft_weight <= 1.0):
         raise CliError("--soft-top-k must be >= 0 and --soft-weight in [0, 1]")
-    if args.init_layers not in ("none", "last"):
+    if args.init_layers not in ("none", "first", "last"):
         try:
             [int(x) for x in args.init_layers.split(",")]
         except ValueError:
-            raise CliError(f"--init-layers: {args.init_layers!r} is not 'none', 'last' or a comma list "
+            raise CliError(f"--init-layers: {args.init_layers!r} is not 'none', 'first', 'last' or a comma list "
                            "of target layer ids") from None
     if args.eval_prompts > 0:
         setup_devices(args)  # an unknown --device fails now, not after training

@@ -48,7 +48,7 @@ class TrainOptions:
     device: str = "auto"  # where the drafter runs for that evaluation
     soft_top_k: int = 0  # distillation keeps the target's top-k log-probabilities (0: hard labels only)
     soft_weight: float | None = None  # None: 0.5 when the data keeps soft labels, else 0
-    init_layers: str = "none"  # "none", "last" or comma-separated target layer ids
+    init_layers: str = "none"  # "none", "first", "last" or comma-separated target layer ids
     resume: bool = False
     progress: bool | None = None
     settings: dict = field(default_factory=dict)  # TrainSettings overrides
@@ -62,6 +62,8 @@ def init_layer_ids(opts: TrainOptions, n_target_layers: int) -> list[int]:
     """Target layer ids the drafter layers start from ([] for random init)."""
     if opts.init_layers == "none":
         return []
+    if opts.init_layers == "first":
+        return list(range(min(opts.layers, n_target_layers)))
     if opts.init_layers == "last":
         return list(range(max(0, n_target_layers - opts.layers), n_target_layers))
     return [int(x) for x in opts.init_layers.split(",")]
