@@ -59,6 +59,28 @@ def train_variant(a: argparse.Namespace) -> None:
     print(json.dumps({k: summary[k] for k in ("steps", "cpu_seconds", "val_ce", "val_tau_est", "sequences")}))
 
 
+def reexport(a: argparse.Namespace) -> None:
+    """A trained run exported again with another draft vocabulary (the head rows are the target's,
+    frozen, so any V works): RUN/drafter_V.gguf."""
+    import torch
+
+    from pydflash2.train.dataset import Dataset
+    from pydflash2.train.export import export_gguf, export_hf
+    from pydflash2.train.model import DrafterConfig
+    from pydflash2.train.target import read_target
+    from pydflash2.train.trainer import CHECKPOINT, build_model
+    from pydflash2.train.vocab import draft_vocabulary
+
+    target = resolve_target(a.target) if a.target == "smollm2" else Path(a.target)
+    info = read_target(target)
+    st = torch.load(Path(a.run) / CHECKPOINT, map_location="cpu", weights_only=False)
+    model = build_model(DrafterConfig(**st["config"]), target)
+    model.load_state_dict(st["model"])
+    ids = draft_vocabulary(Dataset(a.data).token_counts(info.n_vocab), a.draft_vocab, always=[info.eos_token_id])
+    hf = export_hf(model, Path(a.run) / f"hf_{a.draft_vocab}", draft_ids=ids)
+    print(export_gguf(hf, target, Path(a.run) / f"drafter_{a.draft_vocab}.gguf", "q8_0"))
+
+
 def step_speed(a: argparse.Namespace) -> None:
     """CPU seconds per training step, eager against torch.compile (same batches, after warm-up)."""
     import numpy as np
@@ -204,6 +226,12 @@ def main() -> None:
     sp.add_argument("--modes", nargs="+", default=["eager", "compile"])
     sp.add_argument("--draft-vocabs", type=int, nargs="+", default=[8192])
     sp.set_defaults(func=step_speed)
+    rx = sub.add_parser("reexport")
+    rx.add_argument("--target", default="smollm2")
+    rx.add_argument("--run", required=True)
+    rx.add_argument("--data", required=True)
+    rx.add_argument("--draft-vocab", type=int, required=True)
+    rx.set_defaults(func=reexport)
     nt = sub.add_parser("ties")
     nt.add_argument("--data", required=True)
     nt.set_defaults(func=near_ties)

@@ -129,7 +129,8 @@ def compute_losses(model: DFlash2Drafter, batch: Batch, opts: LossOptions | None
     o = opts or LossOptions()
     c = model.config
     n = batch.labels.shape[-1]
-    hidden, logits = (forward or model)(batch.feats, batch.ctx_valid, batch.anchor_pos, batch.anchor_tok, n)
+    run = model if forward is None else forward  # not `forward or model`: a compiled module has no len()
+    hidden, logits = run(batch.feats, batch.ctx_valid, batch.anchor_pos, batch.anchor_tok, n)
     lab = batch.labels[..., 1:]  # [B, A, n-1] target ids
     lab_d = torch.where(lab >= 0, model.t2d[lab.clamp(min=0)], torch.full_like(lab, -100))
     lg = logits[..., 1:, :]
