@@ -177,10 +177,13 @@ def plot_scaling(a: argparse.Namespace) -> None:
             taus = [e["tau"] for e in evals if e["prompts_file"] == name and Path(e["draft"]).parent == Path(run)]
             if taus:
                 pts.append((cpu / 3600, taus[-1]))
+        if len(pts) < 3:  # too few runs measured on this prompt file for a line
+            continue
         pts.sort()
         x, y = np.array(pts).T
         slope, icept = np.polyfit(np.log10(x), y, 1)
-        fits[name] = {"tau_per_decade": round(float(slope), 3),
+        fits[name] = {"points": [(round(float(a), 4), round(float(b), 3)) for a, b in pts],
+                      "tau_per_decade": round(float(slope), 3),
                       "cpu_hours_for_tau_3": float(10 ** ((3 - icept) / slope)) if slope > 0 else None}
         ax.plot(x, y, "o-", label=f"{name} (+{slope:.2f} tau per 10x)")
     ax.set_xscale("log")
