@@ -142,6 +142,27 @@ def test_soft_loss_is_kl_to_the_stored_distribution(soft_data: Dataset, hot_targ
     np.testing.assert_allclose(loss.total.item(), (1 - mix) * ref_ce + mix * ref_kl, rtol=1e-5)
 
 
+def test_online_stream_carries_the_soft_labels(soft_data: Dataset, hot_target: Path) -> None:
+    """--online --soft-top-k: the streamed sequences carry the same top-k as the stored dataset
+    of the same prompts, so the batches' soft labels are the same too."""
+    from pydflash2.train.online import OnlineStream
+
+    with OnlineStream(hot_target, read_prompts(DEV_FILE)[:4], TAPS, 64, n_seq=1, max_new=16, n_threads=1,
+                      top_k=K) as stream:
+        w = stream.take(4)
+    assert w.top_k == K
+    for i in range(4):
+        ids, logp = w.soft_labels(int(w.ids[i]))
+        want_ids, want_logp = soft_data.soft_labels(i)
+        np.testing.assert_array_equal(np.asarray(ids), np.asarray(want_ids))
+        np.testing.assert_allclose(np.asarray(logp, dtype=np.float32), np.asarray(want_logp, dtype=np.float32),
+                                   rtol=1e-3, atol=1e-3)
+    got = sample_batch(w, None, 4, 6, 6, seq_ids=w.ids, anchor_seed=1)
+    want = sample_batch(soft_data, None, 4, 6, 6, seq_ids=np.arange(4), anchor_seed=1)
+    assert got.soft_ids is not None and torch.equal(got.soft_ids, want.soft_ids)
+    torch.testing.assert_close(got.soft_logp, want.soft_logp, rtol=1e-3, atol=1e-3)
+
+
 # ------------------------------------------------------------------ selector loss
 
 
