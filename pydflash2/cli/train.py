@@ -80,6 +80,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-prompts", type=int, default=8,
                    help="held-out prompts to measure the exported drafter on in the engine (default 8; 0: skip)")
     p.add_argument("--eval-max-tokens", type=int, default=64, help="tokens per evaluation prompt (default 64)")
+    p.add_argument("--soft-top-k", type=int, default=0,
+                   help="keep the target's top-K next-token log-probabilities while distilling (soft labels; "
+                        "0: none, 32-64 recommended)")
+    p.add_argument("--soft-weight", type=float, default=None,
+                   help="share of the KL to those soft labels in the token loss, the rest hard cross-entropy "
+                        "(default 0.5 when the data has soft labels, else 0)")
+    p.add_argument("--init-layers", default="none",
+                   help="drafter layers start as these target layers: comma list of target layer ids, 'first' "
+                        "/ 'last' (the target's first / last --layers layers) or 'none' (random; default). Takes "
+                        "the target's attention and MLP shape")
+    p.add_argument("--selector-decay", action="store_true",
+                   help="decay-weight the selector loss over block positions like the token loss")
+    p.add_argument("--selector-backbone", action="store_true",
+                   help="let the selector loss train the drafter layers too (default: detached)")
+    p.add_argument("--no-selector-gold-slot", action="store_true",
+                   help="drop positions whose gold token is not a candidate from the selector loss "
+                        "(default: the gold token takes the last candidate slot)")
     p.add_argument("--eval-file", help="prompts for that evaluation, one per line (default: the built-in dev prompts)")
     add_device_args(p)
     p.set_defaults(run=run)
@@ -121,6 +138,14 @@ def run(args: argparse.Namespace) -> int:
     eval_file = Path(args.eval_file) if args.eval_file else None
     if eval_file is not None and not eval_file.is_file():
         raise CliError(f"--eval-file: {eval_file} not found")
+    if args.soft_top_k < 0 or (args.soft_weight is not None and not 0.0 <= args.soft_weight <= 1.0):
+        raise CliError("--soft-top-k must be >= 0 and --soft-weight in [0, 1]")
+    if args.init_layers not in ("none", "first", "last"):
+        try:
+            [int(x) for x in args.init_layers.split(",")]
+        except ValueError:
+            raise CliError(f"--init-layers: {args.init_layers!r} is not 'none', 'first', 'last' or a comma list "
+                           "of target layer ids") from None
     if args.eval_prompts > 0 or args.n_gpu_layers:
         setup_devices(args)  # an unknown --device fails now, not after training; RPC servers before the target
     opts = TrainOptions(
@@ -131,10 +156,13 @@ def run(args: argparse.Namespace) -> int:
         selector_rank=args.rank, selector_top_k=args.top_k, outtype=args.outtype, max_prompts=args.max_prompts,
         max_new=args.max_new, n_seq=args.n_seq, data_minutes=args.data_minutes, resume=args.resume,
         threads=args.threads, eval_prompts=args.eval_prompts, eval_max_tokens=args.eval_max_tokens,
-        eval_file=eval_file, device=args.device,
+        eval_file=eval_file, device=args.device, soft_top_k=args.soft_top_k, init_layers=args.init_layers,
+        soft_weight=args.soft_weight,
         settings={"max_minutes": args.max_minutes, "max_steps": args.max_steps, "batch_seqs": args.batch,
                   "anchors": args.anchors, "lr": args.lr, "gamma": args.gamma,
-                  "checkpoint_minutes": args.checkpoint_minutes, "seed": args.seed, "threads": args.threads},
+                  "checkpoint_minutes": args.checkpoint_minutes, "seed": args.seed, "threads": args.threads,
+                  "selector_decay": args.selector_decay, "selector_backbone": args.selector_backbone,
+                  "selector_gold_slot": not args.no_selector_gold_slot},
     )
     try:
         if args.dry_run:

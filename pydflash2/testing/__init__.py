@@ -102,8 +102,9 @@ _CORPUS = (
 )
 
 
-#: architectures make_target_gguf can write (qwen2 and gemma3 have no layer-input taps)
-TARGET_ARCHS = ("llama", "qwen2", "gemma3")
+#: architectures make_target_gguf can write (qwen2 and gemma3 have no layer-input taps; qwen3's
+#: layer is exactly a drafter layer: per-head q/k norms, NEOX rotary embedding)
+TARGET_ARCHS = ("llama", "qwen2", "gemma3", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -206,8 +207,8 @@ def make_vocab(n_merges: int) -> tuple[list[str], list[int], list[str]]:
 def make_target_gguf(path: str | Path, spec: TargetSpec = TargetSpec()) -> Path:
     """Writes a tiny random target GGUF of spec.arch and returns its path.
 
-    Beyond llama's tensors, qwen2 adds q/k/v biases and gemma3 adds per-head
-    q/k norms and post-attention / post-FFN norms (what the pinned llama.cpp's
+    Beyond llama's tensors, qwen2 adds q/k/v biases, qwen3 per-head q/k norms, and
+    gemma3 adds per-head q/k norms and post-attention / post-FFN norms (what the pinned llama.cpp's
     src/models/{qwen2,gemma3}.cpp load)."""
     if spec.arch not in TARGET_ARCHS:
         raise ValueError(f"arch must be one of {TARGET_ARCHS}, got {spec.arch!r}")
@@ -270,6 +271,9 @@ def make_target_gguf(path: str | Path, spec: TargetSpec = TargetSpec()) -> Path:
             w.add_tensor(p + "attn_q.bias", (0.1 * rng.standard_normal(spec.n_head * D)).astype(np.float32))
             w.add_tensor(p + "attn_k.bias", (0.1 * rng.standard_normal(spec.n_head_kv * D)).astype(np.float32))
             w.add_tensor(p + "attn_v.bias", (0.1 * rng.standard_normal(spec.n_head_kv * D)).astype(np.float32))
+        elif spec.arch == "qwen3":
+            w.add_tensor(p + "attn_q_norm.weight", norm(D))
+            w.add_tensor(p + "attn_k_norm.weight", norm(D))
         elif spec.arch == "gemma3":
             w.add_tensor(p + "attn_q_norm.weight", norm(D))
             w.add_tensor(p + "attn_k_norm.weight", norm(D))

@@ -29,6 +29,7 @@ from tqdm import tqdm
 from .. import capture as feature_capture
 from ..llama_ext import LlamaError, ext, silence_logs
 from .dataset import DatasetWriter
+from .prompts import as_messages
 
 
 class SequenceSink(Protocol):
@@ -37,7 +38,8 @@ class SequenceSink(Protocol):
     @property
     def done_prompts(self) -> set[int]: ...
 
-    def add(self, prompt: int, tokens: np.ndarray, features: np.ndarray, prompt_len: int) -> None: ...
+    def add(self, prompt: int, tokens: np.ndarray, features: np.ndarray, prompt_len: int,
+            **per_position: np.ndarray) -> None: ...
 
 
 def default_threads(offloaded: bool) -> int:
@@ -59,7 +61,8 @@ def target_fingerprint(path: str | Path) -> str:
 
 
 def chat_tokens(llm, prompt: str) -> list[int]:  # noqa: ANN001  (a llama_cpp.Llama)
-    """The prompt as `Speculator.tokenize_prompt(prompt, chat=True)` makes it."""
+    """The prompt as `Speculator.tokenize_prompt(prompt, chat=True)` makes it; a prompt line that
+    holds a JSON conversation (multi-turn, see prompts.as_messages) goes through the template whole."""
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     template = llm.metadata.get("tokenizer.chat_template")
@@ -70,8 +73,18 @@ def chat_tokens(llm, prompt: str) -> list[int]:  # noqa: ANN001  (a llama_cpp.Ll
         return "" if tok < 0 else llm._model.token_get_text(tok)
 
     fmt = Jinja2ChatFormatter(template=template, eos_token=text(llm.token_eos()), bos_token=text(llm.token_bos()))
-    result = fmt(messages=[{"role": "user", "content": prompt}])
+    result = fmt(messages=as_messages(prompt))
     return llm.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True)
+
+
+def top_k_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids [k] best first, log-probabilities [k] under the full softmax) of one logit row."""
+    logits = np.asarray(logits, dtype=np.float32)
+    ids = np.argpartition(-logits, k - 1)[:k]
+    ids = ids[np.lexsort((ids, -logits[ids]))]  # by logit, ties by id (argmax's pick first)
+    m = float(logits.max())
+    lse = m + float(np.log(np.exp(logits - m, dtype=np.float64).sum()))
+    return ids.astype(np.int32), (logits[ids] - lse).astype(np.float32)
 
 
 @dataclass
@@ -79,6 +92,7 @@ class _Slot:
     prompt: int = -1
     tokens: list[int] = field(default_factory=list)
     feats: list[np.ndarray] = field(default_factory=list)
+    soft: list[tuple[np.ndarray, np.ndarray] | None] = field(default_factory=list)  # per fed row, when top_k
     prompt_len: int = 0
     fed: int = 0  # tokens already run through the target
 
@@ -87,7 +101,7 @@ class Distiller:
     """One llama.cpp context on the target with layer-input capture (taps or callback)."""
 
     def __init__(self, target: str | Path, target_layer_ids: list[int], *, n_seq: int = 8, max_len: int = 512,
-                 n_threads: int | None = None, n_gpu_layers: int = 0) -> None:
+                 n_threads: int | None = None, n_gpu_layers: int = 0, top_k: int = 0) -> None:
         import llama_cpp
         from llama_cpp import llama_cpp as lc
 
@@ -97,6 +111,7 @@ class Distiller:
         self.n_vocab = self.llm.n_vocab()
         self.layer_ids = list(target_layer_ids)
         self.n_seq, self.max_len = n_seq, max_len
+        self.top_k = top_k  # > 0: keep the target's top-k log-probabilities of every output row
         mp = lc.llama_model_default_params()
         mp.n_gpu_layers = n_gpu_layers
         self.model = lc.llama_model_load_from_file(str(target).encode(), mp)
@@ -170,8 +185,9 @@ class Distiller:
             out[:, k * H : (k + 1) * H] = np.ctypeslib.as_array(ptr, shape=(n, H))
         return out
 
-    def _decode(self, items: list[tuple[int, int, int, bool]]) -> tuple[np.ndarray, dict[int, int]]:
-        """items: (seq, token, pos, wants_logits). Returns (features [n, width], {item index: argmax})."""
+    def _decode(self, items: list[tuple[int, int, int, bool]]) -> tuple[np.ndarray, dict[int, int], dict]:
+        """items: (seq, token, pos, wants_logits). Returns (features [n, width], {item index: argmax},
+        {item index: (top-k ids, log-probabilities)} when top_k)."""
         lc = self.lc
         lc.llama_batch_ext_clear(self.batch)
         for seq, tok, pos, out in items:
@@ -195,12 +211,14 @@ class Distiller:
             except feature_capture.CaptureError as e:
                 raise LlamaError(str(e)) from None
         feats = self._features(len(items))
-        greedy = {}
+        greedy, soft = {}, {}
         for i, (_, _, _, out) in enumerate(items):
             if out:
                 logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(self.ctx, i), shape=(self.n_vocab,))
                 greedy[i] = int(np.argmax(logits))
-        return feats, greedy
+                if self.top_k:
+                    soft[i] = top_k_logprobs(logits, self.top_k)
+        return feats, greedy, soft
 
     def run(self, prompts: list[str], writer: SequenceSink, *, max_new: int = 128, progress: bool | None = None,
             deadline: float | None = None) -> int:
@@ -218,7 +236,15 @@ class Distiller:
         def finish(s: int, slot: _Slot) -> None:
             rows = np.zeros((len(slot.tokens), len(self.layer_ids) * self.n_embd), dtype=np.float32)
             rows[: slot.fed] = np.stack(slot.feats)
-            writer.add(slot.prompt, np.array(slot.tokens), rows, slot.prompt_len)
+            soft = {}
+            if self.top_k:  # rows that output no logits (prompt rows, the last token): id -1
+                ids = np.full((len(slot.tokens), self.top_k), -1, dtype=np.int32)
+                logp = np.zeros((len(slot.tokens), self.top_k), dtype=np.float32)
+                for j, row in enumerate(slot.soft):
+                    if row is not None:
+                        ids[j], logp[j] = row
+                soft = {"topk_ids": ids, "topk_logp": logp}
+            writer.add(slot.prompt, np.array(slot.tokens), rows, slot.prompt_len, **soft)
             bar.update(1)
             lc.llama_memory_seq_rm(mem, s, 0, -1)
             slots[s] = _Slot()
@@ -250,9 +276,10 @@ class Distiller:
                         owners.append(s)
                 if not items:
                     break
-                feats, greedy = self._decode(items)
+                feats, greedy, soft = self._decode(items)
                 for i, s in enumerate(owners):
                     slots[s].feats.append(feats[i])
+                    slots[s].soft.append(soft.get(i))
                     slots[s].fed += 1
                     if i in greedy:
                         slots[s].tokens.append(greedy[i])
@@ -271,8 +298,9 @@ class Distiller:
 
 def distill(target: str | Path, prompts: list[str], out: str | Path, target_layer_ids: list[int], *,
             n_seq: int = 8, max_new: int = 128, n_threads: int | None = None, progress: bool | None = None,
-            deadline: float | None = None, n_gpu_layers: int = 0) -> Path:
-    """Fills (or resumes) the dataset at `out` from `prompts`."""
+            deadline: float | None = None, n_gpu_layers: int = 0, top_k: int = 0) -> Path:
+    """Fills (or resumes) the dataset at `out` from `prompts`; top_k > 0 also keeps the target's
+    top-k next-token log-probabilities of every generated position (soft labels)."""
     import gguf
 
     r = gguf.GGUFReader(str(target))
@@ -286,11 +314,12 @@ def distill(target: str | Path, prompts: list[str], out: str | Path, target_laye
         "n_vocab": len(r.get_field("tokenizer.ggml.tokens").data),
         "max_new": max_new,
         "feature_dtype": "float16",
+        "top_k": top_k,
     }
     del r
     with DatasetWriter(out, meta) as writer, Distiller(target, target_layer_ids, n_seq=n_seq,
                                                        max_len=512 + max_new, n_threads=n_threads,
-                                                       n_gpu_layers=n_gpu_layers) as d:
+                                                       n_gpu_layers=n_gpu_layers, top_k=top_k) as d:
         d.run(prompts, writer, max_new=max_new, progress=progress, deadline=deadline)
     return Path(out)
 

@@ -9,9 +9,9 @@ time, not disk. The trainer takes `batch` sequences per step (each sequence is
 trained on once) and samples anchors from them with the same `sample_batch` as
 offline mode: the same prompts give the same batches either way.
 
-A new per-position field of a sequence (the target's soft labels, say) is one
-more keyword of `SequenceQueue.add`, kept in `StreamSequence.fields`, and handed
-out by `SequenceWindow.sequence` as `Dataset.sequence` hands it out offline.
+A per-position field of a sequence (the target's soft labels: topk_ids, topk_logp
+with --soft-top-k) is a keyword of `SequenceQueue.add`, kept in `StreamSequence.fields`,
+and handed out by `SequenceWindow.soft_labels` as `Dataset.soft_labels` hands it out offline.
 
 llama.cpp releases the GIL while it decodes, so the target and the trainer run at
 the same time (on a CPU they share its cores).
@@ -74,10 +74,10 @@ class SequenceQueue:
 class SequenceWindow:
     """Sequences of the stream, read like a Dataset: ids are stream positions."""
 
-    def __init__(self, first_id: int, seqs: list[StreamSequence], width: int) -> None:
+    def __init__(self, first_id: int, seqs: list[StreamSequence], width: int, top_k: int = 0) -> None:
         self.ids = np.arange(first_id, first_id + len(seqs))
         self.seqs = {int(i): s for i, s in zip(self.ids, seqs, strict=True)}
-        self.width = width
+        self.width, self.top_k = width, top_k
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -85,6 +85,11 @@ class SequenceWindow:
     def sequence(self, i: int) -> tuple[np.ndarray, np.ndarray, int]:
         s = self.seqs[int(i)]
         return s.tokens, s.features, s.prompt_len
+
+    def soft_labels(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(topk_ids, topk_logp) [L, top_k] of sequence i, as Dataset.soft_labels."""
+        f = self.seqs[int(i)].fields
+        return f["topk_ids"], f["topk_logp"]
 
     def completion_tokens(self) -> int:
         return sum(len(s.tokens) - s.prompt_len for s in self.seqs.values())
@@ -101,10 +106,11 @@ class OnlineStream:
 
     def __init__(self, target: str | Path, prompts: list[str], target_layer_ids: list[int], n_embd: int, *,
                  n_seq: int = 8, max_new: int = 128, n_threads: int | None = None, n_gpu_layers: int = 0,
-                 queue_size: int = 64, start: int = 0) -> None:
+                 queue_size: int = 64, start: int = 0, top_k: int = 0) -> None:
         if not prompts:
             raise ValueError("online distillation needs at least one prompt")
         self.width = len(target_layer_ids) * n_embd
+        self.top_k = top_k  # > 0: sequences carry the target's top-k (soft labels), as distill stores them
         self.taken = 0  # sequences handed to the trainer so far: the next one's stream id
         self.completion_tokens = 0
         self._stop = threading.Event()
@@ -117,7 +123,7 @@ class OnlineStream:
         def produce() -> None:
             try:
                 with Distiller(target, target_layer_ids, n_seq=n_seq, max_len=512 + max_new, n_threads=n_threads,
-                               n_gpu_layers=n_gpu_layers) as d:
+                               n_gpu_layers=n_gpu_layers, top_k=top_k) as d:
                     while not self._stop.is_set():
                         d.run(order, self._sink, max_new=max_new, progress=False)
             except _Stopped:
@@ -140,7 +146,7 @@ class OnlineStream:
                     raise RuntimeError(f"online distillation failed: {self._error}") from self._error
                 if not self._thread.is_alive():
                     raise RuntimeError("online distillation stopped") from None
-        window = SequenceWindow(self.taken, seqs, self.width)
+        window = SequenceWindow(self.taken, seqs, self.width, self.top_k)
         self.taken += n
         self.completion_tokens += window.completion_tokens()
         return window

@@ -15,6 +15,7 @@ sequences into training.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -55,6 +56,9 @@ class TrainOptions:
     eval_max_tokens: int = 64
     eval_file: Path | None = None  # None: the built-in dev prompts
     device: str = "auto"  # where the drafter runs for that evaluation
+    soft_top_k: int = 0  # distillation keeps the target's top-k log-probabilities (0: hard labels only)
+    soft_weight: float | None = None  # None: 0.5 when the data keeps soft labels, else 0
+    init_layers: str = "none"  # "none", "first", "last" or comma-separated target layer ids
     resume: bool = False
     progress: bool | None = None
     settings: dict = field(default_factory=dict)  # TrainSettings overrides
@@ -76,10 +80,22 @@ def default_shape(info) -> tuple[int, int, float]:  # noqa: ANN001
     return (5, 16, 7.0) if info.n_embd >= LARGE_TARGET_EMBD else (2, 8, 4.0)
 
 
+def init_layer_ids(spec: str, n_layers: int, n_target_layers: int) -> list[int]:
+    """Target layer ids the drafter's n_layers layers start from ([] for random init)."""
+    if spec == "none":
+        return []
+    if spec == "first":
+        return list(range(min(n_layers, n_target_layers)))
+    if spec == "last":
+        return list(range(max(0, n_target_layers - n_layers), n_target_layers))
+    return [int(x) for x in spec.split(",")]
+
+
 def make_config(opts: TrainOptions, info, target_layer_ids: list[int], draft_ids: list[int]):  # noqa: ANN001, ANN201
     """The drafter's shape: the target's attention (query/KV heads, head dim) and FFN width
     unless overridden, so warm starts and published recipes apply."""
     from .model import DrafterConfig
+    from .target import target_shape
 
     H = info.n_embd
     layers, block, _ = default_shape(info)
@@ -87,6 +103,10 @@ def make_config(opts: TrainOptions, info, target_layer_ids: list[int], draft_ids
     n_head_kv = opts.n_head_kv or (info.n_head_kv if not opts.n_head or opts.n_head % info.n_head_kv == 0 else n_head)
     if n_head % n_head_kv:
         raise ValueError(f"--n-head {n_head} must be a multiple of --n-head-kv {n_head_kv}")
+    head_dim, n_ff = info.head_dim, opts.n_ff or info.n_ff or max(64, int(round(H * 8 / 3 / 64)) * 64)
+    if opts.init_layers != "none":  # copied layers keep the target's shape, whatever the overrides
+        shape = target_shape(opts.target)
+        n_head, n_head_kv, head_dim, n_ff = shape["n_head"], shape["n_head_kv"], shape["head_dim"], shape["n_ff"]
     k = opts.selector_top_k
     while k > 1 and k * (k + 1) > H:  # upstream packs the lattice into H-wide rows
         k -= 1
@@ -94,7 +114,7 @@ def make_config(opts: TrainOptions, info, target_layer_ids: list[int], draft_ids
     return DrafterConfig(
         n_embd=H, n_vocab=info.n_vocab, target_layer_ids=list(target_layer_ids),
         mask_token_id=info.mask_token_id, n_layer=opts.layers or layers, n_head=n_head, n_head_kv=n_head_kv,
-        head_dim=info.head_dim, n_ff=opts.n_ff or info.n_ff or max(64, int(round(H * 8 / 3 / 64)) * 64),
+        head_dim=head_dim, n_ff=n_ff,
         block_size=opts.block_size or block, rms_eps=info.rms_eps, rope_theta=info.rope_theta, version=opts.version,
         conv_kernel_size=opts.conv_kernel_size, conv_group_size=group, selector_rank=opts.selector_rank,
         selector_top_k=k, draft_ids=draft_ids,
@@ -184,7 +204,8 @@ def _run(opts: TrainOptions, par, cleanup) -> dict:  # noqa: ANN001
         start = (n_head + st["step"] * settings.batch_seqs) if st else 0  # resumed: further on in the prompts
         stream = cleanup.enter_context(OnlineStream(
             opts.target, prompts, taps, info.n_embd, n_seq=opts.n_seq, max_new=opts.max_new,
-            n_threads=opts.threads or None, n_gpu_layers=opts.n_gpu_layers, queue_size=opts.queue_size, start=start))
+            n_threads=opts.threads or None, n_gpu_layers=opts.n_gpu_layers, queue_size=opts.queue_size, start=start,
+            top_k=opts.soft_top_k))
         data = stream.take(n_head)
         n_val = min(settings.val_seqs, len(data) // 10)
         val_ids = data.ids[:n_val]
@@ -194,7 +215,7 @@ def _run(opts: TrainOptions, par, cleanup) -> dict:  # noqa: ANN001
             deadline = time.monotonic() + opts.data_minutes * 60 if opts.data_minutes > 0 else None
             par.main_only(lambda: distill(opts.target, prompts, data_dir, taps, n_seq=opts.n_seq, max_new=opts.max_new,
                                           n_threads=opts.threads or None, progress=opts.progress, deadline=deadline,
-                                          n_gpu_layers=opts.n_gpu_layers))
+                                          n_gpu_layers=opts.n_gpu_layers, top_k=opts.soft_top_k))
         data = Dataset(data_dir)  # after a checkpoint: the data training started on, as it is
     if len(data) == 0:
         raise ValueError("distillation produced no sequence")
@@ -215,12 +236,19 @@ def _run(opts: TrainOptions, par, cleanup) -> dict:  # noqa: ANN001
         return make_config(opts, info, taps, draft_ids)
 
     cfg = par.main_only(configure)
+    init = [] if st is not None else init_layer_ids(opts.init_layers, cfg.n_layer, info.n_layer)
     torch.manual_seed(settings.seed)  # the same initial drafter on every rank and in every rerun
-    model = build_model(cfg, opts.target, par.device)
+    model = build_model(cfg, opts.target, par.device, init_layers=init)
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if par.is_main:
         log(f"drafter: DFlash{'2' if cfg.version == 2 else ''}, {cfg.n_layer} layer(s), {cfg.n_head}/{cfg.n_head_kv} "
             f"heads x {cfg.head_dim}, FFN {cfg.n_ff}, {n_params:,} trainable parameters, block {cfg.block_size}")
+        if init:
+            log(f"drafter layers start as target layers {init}")
+    soft_weight = opts.soft_weight if opts.soft_weight is not None else (0.5 if data.top_k else 0.0)
+    if soft_weight > 0 and not data.top_k:
+        raise ValueError(f"--soft-weight {soft_weight} needs soft labels: the data was distilled without --soft-top-k")
+    settings = dataclasses.replace(settings, soft_weight=soft_weight)
     t1 = time.monotonic()
     if stream is not None:
         from .online import online_batches
@@ -238,11 +266,12 @@ def _run(opts: TrainOptions, par, cleanup) -> dict:  # noqa: ANN001
     if par.device.type == "cuda":
         summary["peak_device_mib"] = round(torch.cuda.max_memory_allocated(par.device) / 2**20, 1)
     summary["trainable_parameters"] = n_params
-    result = par.main_only(lambda: _finish(opts, info, cfg, model, data, summary, data_s, train_s))
+    result = par.main_only(lambda: _finish(opts, info, cfg, model, data, summary, data_s, train_s, init, settings))
     return result
 
 
-def _finish(opts: TrainOptions, info, cfg, model, data, summary: dict, data_s: float, train_s: float) -> dict:  # noqa: ANN001
+def _finish(opts: TrainOptions, info, cfg, model, data, summary: dict, data_s: float, train_s: float,  # noqa: ANN001
+            init: list[int], settings) -> dict:  # noqa: ANN001
     """Rank 0: export, conversion, the engine evaluation, summary.json."""
     from .export import export_gguf, export_hf
 
@@ -258,7 +287,9 @@ def _finish(opts: TrainOptions, info, cfg, model, data, summary: dict, data_s: f
         "train_device": str(model.embed.device),
         "gguf": str(gguf_path), "gguf_mib": round(gguf_path.stat().st_size / 2**20, 2),
         "config": {k: v for k, v in cfg.to_dict().items() if k != "draft_ids"}, "draft_vocab": cfg.n_draft,
-        "mask_token": info.mask_token,
+        "mask_token": info.mask_token, "init_layers": init, "soft_top_k": data.top_k,
+        "loss": {k: getattr(settings, k) for k in ("soft_weight", "gamma", "selector_gold_slot", "selector_decay",
+                                                   "selector_backbone")},
     })
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     log(f"wrote {hf} and {gguf_path} ({summary['gguf_mib']} MiB); "

@@ -10,6 +10,7 @@ the repository are exactly what this script writes.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 from pathlib import Path
 
@@ -325,6 +326,20 @@ def build_extra_pool(seed: int = 0) -> list[str]:
 def split(pool: list[str], n_dev: int) -> tuple[list[str], list[str]]:
     """(train, dev): the first n_dev prompts are held out."""
     return pool[n_dev:], pool[:n_dev]
+
+
+def as_messages(prompt: str) -> list[dict[str, str]]:
+    """The chat messages of one prompt line: a JSON list of {"role", "content"} (a multi-turn
+    conversation ending in a user turn) or, for any other line, one user message."""
+    if prompt.startswith('[{"role"'):
+        try:
+            msgs = json.loads(prompt)
+        except ValueError:
+            msgs = None
+        if isinstance(msgs, list) and msgs and all(isinstance(m, dict) and {"role", "content"} <= m.keys()
+                                                   for m in msgs):
+            return [{"role": str(m["role"]), "content": str(m["content"])} for m in msgs]
+    return [{"role": "user", "content": prompt}]
 
 
 def read_prompts(path: str | Path) -> list[str]:

@@ -123,3 +123,59 @@ def output_norm(path: str | Path) -> np.ndarray | None:
         if t.name == "output_norm.weight":
             return np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(-1)
     return None
+
+
+# Archs whose layers are the drafter's layer (pre-norm attention with GQA, SwiGLU MLP, no biases), and
+# whether their GGUF stores Q/K rows permuted for llama.cpp's interleaved ("NORM") rotary embedding:
+# the converter permutes them from the Hugging Face (NEOX, rotated halves) order that the drafter uses.
+_LAYER_ARCHS = {"llama": True, "qwen3": False}
+
+
+def target_shape(path: str | Path) -> dict[str, int]:
+    """The target's attention and MLP shape: n_head, n_head_kv, head_dim, n_ff."""
+    r = gguf.GGUFReader(str(path))
+    arch = _field(r, "general.architecture")
+    H = int(_field(r, f"{arch}.embedding_length"))
+    n_head = int(_field(r, f"{arch}.attention.head_count"))
+    return {"n_head": n_head, "n_head_kv": int(_field(r, f"{arch}.attention.head_count_kv", n_head)),
+            "head_dim": int(_field(r, f"{arch}.attention.key_length", H // n_head)),
+            "n_ff": int(_field(r, f"{arch}.feed_forward_length"))}
+
+
+def target_layer_weights(path: str | Path, layer: int) -> dict[str, np.ndarray]:
+    """Target layer `layer`'s weights under the drafter layer's (Hugging Face) names, float32,
+    Q/K rows in the drafter's rotary order. A llama target has no per-head q/k norms: those
+    names are absent (the drafter keeps them at ones, its one departure from the target layer)."""
+    r = gguf.GGUFReader(str(path))
+    arch = _field(r, "general.architecture")
+    if arch not in _LAYER_ARCHS:
+        raise ValueError(f"drafter layers can start from target layers of {sorted(_LAYER_ARCHS)} targets, "
+                         f"not {arch!r}")
+    n_layer = int(_field(r, f"{arch}.block_count"))
+    if not 0 <= layer < n_layer:
+        raise ValueError(f"target layer {layer} does not exist: the target has layers 0..{n_layer - 1}")
+    shape = target_shape(path)
+    names = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+             "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+             "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+             "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+    prefix = f"blk.{layer}."
+    out: dict[str, np.ndarray] = {}
+    for t in r.tensors:
+        if not t.name.startswith(prefix):
+            continue
+        base, _, kind = t.name[len(prefix):].rpartition(".")
+        if base not in names or kind != "weight":
+            raise ValueError(f"target layer {layer} has {t.name}, which a drafter layer cannot hold")
+        w = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        out[f"{names[base]}.weight"] = w.reshape(-1) if base.endswith("norm") else w
+    missing = {v + ".weight" for k, v in names.items() if not k.endswith("_norm") or k in ("attn_norm", "ffn_norm")}
+    if missing - out.keys():
+        raise ValueError(f"target layer {layer} lacks {sorted(missing - out.keys())}")
+    if _LAYER_ARCHS[arch]:  # undo the converter's permutation: interleaved pairs -> rotated halves
+        D = shape["head_dim"]
+        for name, heads in (("self_attn.q_proj.weight", shape["n_head"]), ("self_attn.k_proj.weight",
+                                                                           shape["n_head_kv"])):
+            w = out[name]
+            out[name] = w.reshape(heads, D // 2, 2, w.shape[-1]).swapaxes(1, 2).reshape(w.shape)
+    return out

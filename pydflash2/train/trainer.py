@@ -33,9 +33,9 @@ from tqdm import tqdm
 
 from .dataset import Dataset
 from .model import DFlash2Drafter, DrafterConfig
-from .objective import Batch, Losses, compute_losses, expected_tau, lr_at, sample_batch
+from .objective import Batch, Losses, LossOptions, compute_losses, expected_tau, lr_at, sample_batch
 from .parallel import Parallel
-from .target import frozen_tables, output_norm
+from .target import frozen_tables, output_norm, target_layer_weights
 
 CHECKPOINT = "checkpoint.pt"
 LOG_EVERY = 20  # steps between log lines (the only steps that wait for the device)
@@ -51,6 +51,10 @@ class TrainSettings:
     weight_decay: float = 0.01
     gamma: float = 4.0
     selector_weight: float = 1.0
+    soft_weight: float = 0.0  # share of the soft-label KL in the token loss (needs a dataset with top-k)
+    selector_gold_slot: bool = True
+    selector_decay: bool = False
+    selector_backbone: bool = False
     checkpoint_minutes: float = 5.0
     seed: int = 0
     threads: int = 0  # 0: torch's default
@@ -58,9 +62,36 @@ class TrainSettings:
     log: list[dict] = field(default_factory=list)
 
 
-def build_model(cfg: DrafterConfig, target: str | Path, device: torch.device | str = "cpu") -> DFlash2Drafter:
+def loss_options(s: TrainSettings) -> LossOptions:
+    return LossOptions(gamma=s.gamma, selector_weight=s.selector_weight, soft_weight=s.soft_weight,
+                       selector_gold_slot=s.selector_gold_slot, selector_decay=s.selector_decay,
+                       selector_backbone=s.selector_backbone)
+
+
+def init_from_target(model: DFlash2Drafter, target: str | Path, layers: list[int]) -> None:
+    """Drafter layer i starts as target layer layers[i] (attention, MLP, both norms; the local
+    convolutions stay the identity, so the layer computes the target layer's function)."""
+    if len(layers) != len(model.layers):
+        raise ValueError(f"{len(model.layers)} drafter layer(s) need as many target layers, got {layers}")
+    for layer, tl in zip(model.layers, layers, strict=True):
+        weights = target_layer_weights(target, tl)
+        own = layer.state_dict()
+        for name, w in weights.items():
+            if own[name].shape != w.shape:
+                raise ValueError(f"target layer {tl}'s {name} is {list(w.shape)}, the drafter's "
+                                 f"{list(own[name].shape)}: give the drafter the target's layer shape")
+        with torch.no_grad():
+            for name, w in weights.items():
+                own[name].copy_(torch.from_numpy(w))
+
+
+def build_model(cfg: DrafterConfig, target: str | Path, device: torch.device | str = "cpu",
+                init_layers: list[int] | None = None) -> DFlash2Drafter:
+    """init_layers: target layer ids the drafter layers start from (None: random init)."""
     emb, head = frozen_tables(target)
     model = DFlash2Drafter(cfg, emb, head)
+    if init_layers:
+        init_from_target(model, target, init_layers)
     norm = output_norm(target)
     if norm is not None and norm.shape == (cfg.n_embd,):
         with torch.no_grad():
@@ -121,7 +152,7 @@ class Objective(nn.Module):
 
     def forward(self, batch: Batch) -> Losses:
         par = self.par
-        return compute_losses(self.model, batch, gamma=self.s.gamma, selector_weight=self.s.selector_weight,
+        return compute_losses(self.model, batch, loss_options(self.s),
                               global_sum=par.global_sum if par.distributed else None, ranks=par.world)
 
 
@@ -150,15 +181,16 @@ def evaluate(model: DFlash2Drafter, data: Dataset, val_ids: np.ndarray, s: Train
     rng = np.random.default_rng(7)
     vals = []
     device = model.embed.device
+    lopts = loss_options(s)
     for i in range(0, len(val_ids), s.batch_seqs):
         b = sample_batch(data, rng, s.batch_seqs, s.anchors, model.config.block_size,
                          seq_ids=val_ids[i : i + s.batch_seqs])
         with autocast(device):
-            vals.append(compute_losses(model, b, gamma=s.gamma, selector_weight=s.selector_weight).values())
+            vals.append(compute_losses(model, b, lopts).values())
     model.train()
     acc = np.mean([v["acc"] for v in vals], axis=0).tolist()
     walk = np.mean([v["walk_acc"] for v in vals], axis=0).tolist()
-    return {"val_ce": float(np.mean([v["ce"] for v in vals])),
+    return {"val_ce": float(np.mean([v["ce"] for v in vals])), "val_soft_kl": float(np.mean([v["soft"] for v in vals])),
             "val_selector": float(np.mean([v["selector"] for v in vals])), "val_acc": acc, "val_walk_acc": walk,
             "val_tau_est": expected_tau(walk)}
 
@@ -234,8 +266,9 @@ def train(model: DFlash2Drafter, data: Dataset, out: Path, s: TrainSettings, *, 
             v = _global_values(loss, ema, par)
             ema_value = v["ema"]
             log.append({"step": step, "elapsed_s": round(elapsed, 1), "loss": round(v["ema"], 4),
-                        "ce": round(v["ce"], 4), "selector": round(v["selector"], 4), "acc1": round(v["acc"][0], 3),
-                        "tau_est": round(expected_tau(v["walk_acc"]), 3), "lr": opt.param_groups[0]["lr"]})
+                        "ce": round(v["ce"], 4), "soft_kl": round(v["soft"], 4), "selector": round(v["selector"], 4),
+                        "acc1": round(v["acc"][0], 3), "tau_est": round(expected_tau(v["walk_acc"]), 3),
+                        "lr": opt.param_groups[0]["lr"]})
             bar.set_postfix_str(f"step {step} loss {v['ema']:.3f} ce {v['ce']:.3f} sel {v['selector']:.3f} "
                                 f"acc1 {v['acc'][0]:.2f} tau~{expected_tau(v['walk_acc']):.2f}", refresh=False)
         bar.update(round(100 * min(frac(), 1.0), 1) - bar.n)  # redraws at most every mininterval
@@ -260,10 +293,11 @@ def train(model: DFlash2Drafter, data: Dataset, out: Path, s: TrainSettings, *, 
 def _global_values(loss: Losses, ema: torch.Tensor, par: Parallel) -> dict:
     """The step's numbers averaged over the ranks (each rank's loss is its share of the global
     batch's, so the average is the global batch's loss; accuracies are the ranks' mean)."""
-    vec = torch.cat([torch.stack([ema.float(), loss.total.detach().float(), loss.ce.float(), loss.selector.float(),
-                                  loss.sel_acc.float()]), loss.acc.float(), loss.walk_acc.float()])
+    scalars = torch.stack([ema.float(), loss.total.detach().float(), loss.ce.float(), loss.soft.float(),
+                           loss.selector.float(), loss.sel_acc.float()])
+    vec = torch.cat([scalars, loss.acc.float(), loss.walk_acc.float()])
     vec = par.global_sum(vec) / par.world if par.distributed else vec
     x = vec.tolist()
     n = loss.acc.numel()
-    return {"ema": x[0], "total": x[1], "ce": x[2], "selector": x[3], "sel_acc": x[4], "acc": x[5 : 5 + n],
-            "walk_acc": x[5 + n :]}
+    return {"ema": x[0], "total": x[1], "ce": x[2], "soft": x[3], "selector": x[4], "sel_acc": x[5],
+            "acc": x[6 : 6 + n], "walk_acc": x[6 + n :]}
