@@ -22,6 +22,13 @@ def sse(obj: dict[str, Any]) -> dict[str, str]:
 
 
 DONE = {"data": "[DONE]"}
+
+
+def error_events(event: Finished) -> list[dict[str, str]]:
+    """A stream the scheduler ended with an error: the OpenAI error body, typed by the status the
+    error stands for (the HTTP status itself went out with the first chunk), then [DONE]."""
+    kind = {400: "invalid_request_error", 503: "server_busy"}.get(event.status, "server_error")
+    return [sse(schemas.error_body(event.error or "generation failed", kind)), DONE]
 Event = str | Logprobs | Finished
 
 
@@ -95,8 +102,8 @@ class Answer:
         async for event in events:
             if isinstance(event, Finished):
                 if event.finish_reason == "error":
-                    yield sse(schemas.error_body(event.error or "generation failed", "server_error"))
-                    yield DONE
+                    for c in error_events(event):
+                        yield c
                     return
                 last = self._no_usage(schemas.completion(self.rid, self.model, "", event.finish_reason, None,
                                                          chunk=True))
@@ -139,8 +146,8 @@ class Answer:
         async for event in events:
             if isinstance(event, Finished):
                 if event.finish_reason == "error":
-                    yield sse(schemas.error_body(event.error or "generation failed", "server_error"))
-                    yield DONE
+                    for c in error_events(event):
+                        yield c
                     return
                 for c in deltas(splitter.finish() if splitter else []):
                     yield sse(c)
