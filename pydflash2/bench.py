@@ -50,6 +50,7 @@ class BenchConfig:
     out_dir: Path = field(default_factory=lambda: Path("bench_out"))
     exact: bool = False  # refuse unless greedy output is bit-identical to plain decoding
     cpu_hog: int = 0  # > 0: every prompt also runs beside this many busy processes (contention)
+    tree_budgets: list[int] = field(default_factory=lambda: [0])  # > 0: tree verification (every drafting n_max)
 
 
 def run_bench(cfg: BenchConfig) -> int:
@@ -68,34 +69,36 @@ def run_bench(cfg: BenchConfig) -> int:
         from .devices import add_rpc_servers
 
         add_rpc_servers(cfg.rpc_servers)  # before the target loads: it may offload to them
+    trees = sorted(set(cfg.tree_budgets) | {0}) if cfg.draft else [0]
     llm, _ = load_target(cfg.model, n_ctx=cfg.n_ctx, n_threads=cfg.n_threads, exact=cfg.exact,
-                         n_gpu_layers=cfg.n_gpu_layers)
-    specs: dict[tuple[Any, str], Speculator] = {}
-    for n_max, selector in itertools.product(n_maxes, selectors):
-        key = (n_max, "-" if n_max == 0 else selector)
+                         n_gpu_layers=cfg.n_gpu_layers, tree_budget=max(trees))
+    # a configuration: (n_max, selector, tree budget); plain decoding has neither selector nor tree
+    specs: dict[tuple[Any, str, int], Speculator] = {}
+    for n_max, selector, tree in itertools.product(n_maxes, selectors, trees):
+        key = (n_max, "-", 0) if n_max == 0 else (n_max, selector, tree)
         if key not in specs:
             specs[key] = Speculator(llm, cfg.draft if n_max != 0 else None, n_max=n_max, selector=selector,
-                                    device=cfg.device, exact=cfg.exact)
-    configs = [(n, sel, t) for (n, sel) in specs for t in temperatures]
+                                    device=cfg.device, exact=cfg.exact, tree_budget=key[2])
+    configs = [(n, sel, tree, t) for (n, sel, tree) in specs for t in temperatures]
     # idle and under contention take turns prompt by prompt, so that both see the same machine
     hog_counts = [0, cfg.cpu_hog] if cfg.cpu_hog > 0 else [0]
 
-    runs: dict[tuple[Any, str, float, int], list[dict[str, Any]]] = defaultdict(list)
+    runs: dict[tuple[Any, str, int, float, int], list[dict[str, Any]]] = defaultdict(list)
     for rep in range(cfg.repeats):
         for i, prompt in enumerate(prompts):
             for hogs in hog_counts:
                 with CpuHogs(hogs):
-                    for n_max, sel, temp in configs:
-                        out = specs[(n_max, sel)].generate(prompt, max_tokens=cfg.max_tokens, temperature=temp,
-                                                           seed=1000 * rep + i, chat=cfg.chat)
-                        runs[(n_max, sel, temp, hogs)].append(out.stats)
+                    for n_max, sel, tree, temp in configs:
+                        out = specs[(n_max, sel, tree)].generate(prompt, max_tokens=cfg.max_tokens,
+                                                                 temperature=temp, seed=1000 * rep + i, chat=cfg.chat)
+                        runs[(n_max, sel, tree, temp, hogs)].append(out.stats)
         print(f"repeat {rep + 1}/{cfg.repeats} done", file=sys.stderr)
     costs = {key: spec.costs for key, spec in specs.items()}  # the auto cost model's inputs, per configuration
     for spec in specs.values():
         spec.close()
 
     results = []
-    for (n_max, sel, temp, hogs), stats in runs.items():
+    for (n_max, sel, tree, temp, hogs), stats in runs.items():
         tokens = sum(s["completion_tokens"] - 1 for s in stats)
         decode_s = sum(s["total_s"] - s["ttft_s"] for s in stats)
         steps = sum(s["n_steps"] for s in stats)
@@ -104,7 +107,8 @@ def run_bench(cfg: BenchConfig) -> int:
         accepted = np.sum([s["accepted_per_position"] for s in stats], axis=0) if width else []
         phases = {k: float(sum(s["phases"][k] for s in stats)) for k in stats[0]["phases"]}
         results.append({
-            "n_max": n_max, "selector": sel, "temperature": temp, "cpu_hogs": hogs, "runs": len(stats),
+            "n_max": n_max, "selector": sel, "tree_budget": tree, "temperature": temp, "cpu_hogs": hogs,
+            "runs": len(stats),
             # where the time went, summed over the runs (seconds; n_steps: target forwards), and per step
             "phases": phases,
             "phase_ms_per_step": {k[:-2]: 1e3 * v / max(phases["n_steps"], 1) for k, v in phases.items()
@@ -118,8 +122,8 @@ def run_bench(cfg: BenchConfig) -> int:
             "accepted_per_position": [int(x) for x in accepted],
             "acceptance_per_position": [float(a) / d if d else None for a, d in zip(accepted, drafted, strict=True)],
         })
-        if n_max == "auto":  # what auto decided over these runs, and why
-            results[-1]["auto_decision"] = explain_run(costs[(n_max, sel)], results[-1])
+        if n_max == "auto" and not tree:  # what auto decided over these runs, and why
+            results[-1]["auto_decision"] = explain_run(costs[(n_max, sel, tree)], results[-1])
     for r in results:
         base = next(b for b in results if b["n_max"] == 0 and b["temperature"] == r["temperature"]
                     and b["cpu_hogs"] == r["cpu_hogs"])
@@ -147,11 +151,11 @@ def run_bench(cfg: BenchConfig) -> int:
 
 
 def _same_config(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return all(a[k] == b[k] for k in ("n_max", "selector", "temperature"))
+    return all(a[k] == b[k] for k in ("n_max", "selector", "tree_budget", "temperature"))
 
 
 def _label(r: dict[str, Any]) -> str:
-    sel = "" if r["n_max"] == 0 else f" {r['selector']}"
+    sel = "" if r["n_max"] == 0 else f" {r['selector']}" + (f" tree={r['tree_budget']}" if r["tree_budget"] else "")
     hogs = f" hogs={r['cpu_hogs']}" if r.get("cpu_hogs") else ""
     return f"n_max={r['n_max']}{sel} T={r['temperature']:g}{hogs}"
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import llama_cpp
 import numpy as np
+from llama_cpp import _internals
 
 from . import _native, devices, draft_costs, exactness
 from . import capture as feature_capture
@@ -71,8 +72,8 @@ class Speculator:
     ExactnessUnavailable, before loading anything) unless the target's forward
     is batch-invariant here, so that greedy output is bit-identical to plain
     decoding whatever the logit margins; see pydflash2.exactness. flash_attn:
-    for a target loaded from a path (off by default; exact mode keeps it off
-    over >= 512 KV cells, where it is not batch-invariant). device: the
+    for a target loaded from a path (default None: off, but on with a tree budget;
+    exact mode keeps it off over >= 512 KV cells, where it is not batch-invariant). device: the
     drafter's ggml device, "auto" (first GPU, else CPU) or a name ("CPU",
     "CUDA0", "RPC0"). rpc_servers: "HOST:PORT[,...]" ggml RPC servers
     registered as devices first (as llama-server's --rpc), so that a target
@@ -93,7 +94,15 @@ class Speculator:
     no logits). It needs pydflash2's evaluation callback in the target context:
     a target given as a path, or a Llama from load_target, has it; for another
     Llama every verify row's logits are computed as before. stats["lazy_head"]
-    says which ran."""
+    says which ran.
+
+    tree_budget (default 0: the chain): each step verifies the best-first tree of
+    that many drafted nodes over the DFlash2 lattice (pydflash2.draft_tree) in the
+    same one target decode, instead of the greedy walk's one path, and commits the
+    longest path the target's own choices follow (lossless, as the chain). n_max is
+    then the tree's depth ("auto": the drafter's block). The target context needs a
+    unified KV cache and 1 + tree_budget sequences: a target given as a path gets
+    one; for a Llama of your own, load it with load_target(..., tree_budget=N)."""
 
     def __init__(
         self,
@@ -109,10 +118,13 @@ class Speculator:
         n_gpu_layers: int = 0,
         verbose: bool = False,
         exact: bool = False,
-        flash_attn: bool = False,
+        flash_attn: bool | None = None,
         capture: str = "auto",
         lazy_head: bool = True,
+        tree_budget: int = 0,
     ) -> None:
+        if not isinstance(tree_budget, int) or isinstance(tree_budget, bool) or not 0 <= tree_budget <= 255:
+            raise ValueError(f"tree_budget must be an int in 0..255 (0 = the chain), got {tree_budget!r}")
         if selector not in SELECTORS:
             raise ValueError(f"selector must be one of {sorted(SELECTORS)}, got {selector!r}")
         if n_max != "auto" and (not isinstance(n_max, int) or n_max < 0):
@@ -135,9 +147,20 @@ class Speculator:
                 raise FileNotFoundError(f"target model not found: {path}")
             self.llm, self.invariance = load_target(path, n_ctx=n_ctx, n_threads=n_threads, verbose=verbose,
                                                     exact=exact, flash_attn=flash_attn,
-                                                    n_gpu_layers=n_gpu_layers, lazy_head=lazy_head)
+                                                    n_gpu_layers=n_gpu_layers, lazy_head=lazy_head,
+                                                    tree_budget=tree_budget if draft is not None else 0)
         self.exact = exact
         self.n_max = n_max
+        self.tree_budget = tree_budget if draft is not None and n_max != 0 else 0
+        if self.tree_budget and not self.llm.context_params.kv_unified:
+            raise ValueError("tree verification needs a target context with a unified KV cache and 1 + tree_budget "
+                             "sequences: load the Llama with pydflash2.load_target(..., tree_budget=N)")
+        if exact and self.tree_budget and \
+                self.llm.context_params.flash_attn_type != llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED:
+            raise ExactnessUnavailable(
+                "a tree's rows are bit-identical to plain decoding only with flash attention, which exact mode "
+                f"turns off over >= {exactness.FLASH_ATTN_SPLIT_KV} KV cells: use n_ctx < "
+                f"{exactness.FLASH_ATTN_SPLIT_KV}, or no tree")
         self.selector = selector
         self.drafter: Drafter | None = None
         self.draft_path = None if draft is None else os.fspath(draft)
@@ -171,15 +194,22 @@ class Speculator:
         max_draft = -1
         if exact and self.invariance.max_batch is not None:
             max_draft = self.invariance.max_batch - 1  # larger verify batches take other matmul kernels (exactness.py)
+            if self.tree_budget > max_draft:
+                raise ExactnessUnavailable(
+                    f"exact mode keeps verify batches at most {self.invariance.max_batch} rows with this target "
+                    f"({self.invariance.reason or 'its weights switch kernels above that'}): a tree budget of "
+                    f"{self.tree_budget} needs {self.tree_budget + 1}")
         handle = lib.pdf2_batch_engine_new_borrowed(
             ffi.cast("void *", ctx_addr),
             self._capturing.capture.handle if self._capturing is not None else ffi.NULL,
             head_capturing.capture.handle if self.lazy_head and head_capturing is not None else ffi.NULL,
             self.drafter._h if self.drafter is not None else ffi.NULL,
-            -1 if n_max == "auto" else int(n_max),
+            # a tree's depth: the drafter's block when auto (the engine caps it there)
+            (255 if self.tree_budget else -1) if n_max == "auto" else int(n_max),
             max_draft,
             SELECTORS[selector],
             16,
+            self.tree_budget,
         )
         if handle == ffi.NULL:
             raise GenerationError(_native.last_error())
@@ -195,7 +225,7 @@ class Speculator:
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
         self.costs: dict[str, list[float]] | None = None
-        if n_max == "auto" and self.drafter is not None and self.max_draft > 0:
+        if n_max == "auto" and self.drafter is not None and self.max_draft > 0 and not self.tree_budget:
             assert self.draft_path is not None
             key = draft_costs.cost_key(self.llm.model_path, self.draft_path, self.drafter.device,
                                        self.llm.context_params.n_threads, self.max_draft, self.lazy_head)
@@ -464,6 +494,7 @@ class Speculator:
             lazy_head_rows=int(e["lazy_head_rows"] - engine0["lazy_head_rows"]),
             drafter_graph_builds=int(e["drafter_graph_builds"] - engine0["drafter_graph_builds"]),
             n_max="auto" if self.n_max == "auto" else int(self.n_max),
+            tree_budget=self.tree_budget,
             n_max_mean=float(np.dot(np.arange(len(hist)), hist) / max(1, sum(hist))),
             completion_tokens=n_tokens,
             ttft_s=ttft,
@@ -486,18 +517,23 @@ def load_target(
     n_threads: int | None = None,
     verbose: bool = False,
     exact: bool = False,
-    flash_attn: bool = False,
+    flash_attn: bool | None = None,
     n_gpu_layers: int = 0,
     lazy_head: bool = True,
+    tree_budget: int = 0,
 ) -> tuple[llama_cpp.Llama, exactness.Invariance]:
     """Loads a target GGUF the way the Speculator runs it, and says whether its
     forward is batch-invariant. exact=True checks the build first and raises
     ExactnessUnavailable before anything is loaded (see exactness.py).
-    flash_attn: off by default, and off in exact mode over >= 512 KV cells.
+    flash_attn: None (default): off, but on with a tree budget (a tree row equals its
+    path decoded alone only with flash attention: benchmarks/tree_attention.py); and
+    off in exact mode over >= 512 KV cells.
     lazy_head: the Llama's context is made with pydflash2's evaluation callback
     (it costs nothing while unused), so that a Speculator on it runs the LM head
-    only for the verify rows it reaches (see Speculator)."""
-    flash_attn = exactness.flash_attn_for(n_ctx, exact, flash_attn)
+    only for the verify rows it reaches (see Speculator). tree_budget > 0: the
+    context gets a unified KV cache and 1 + tree_budget sequences, what a
+    Speculator's tree verification of that many nodes decodes in."""
+    flash_attn = exactness.flash_attn_for(n_ctx, exact, bool(tree_budget) if flash_attn is None else flash_attn)
     if exact:
         build = exactness.build_invariance()
         if not build:
@@ -511,6 +547,15 @@ def load_target(
     if exact and not inv:
         llm.close()
         raise ExactnessUnavailable(exactness.unavailable_message(inv))
+    if tree_budget > 0:
+        # a tree's branch sequences share the context's cells (a copy into a branch is metadata)
+        llm.context_params.n_seq_max = 1 + int(tree_budget)
+        llm.context_params.kv_unified = True
+        if not lazy_head:  # with_lazy_head makes the new context below
+            context = _internals.LlamaContext(model=llm._model, params=llm.context_params, verbose=verbose)
+            old, llm._ctx = llm._ctx, context
+            llm._stack.callback(context.close)
+            old.close()
     if lazy_head:
         with_lazy_head(llm)
     return llm, inv

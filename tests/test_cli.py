@@ -87,6 +87,21 @@ def test_generate_json_matches_plain_greedy(tmp_path, target_gguf, drafter2_gguf
     assert out["stats"]["exact"] is exactness.llama_invariance(llm).batch_invariant
 
 
+def test_generate_with_a_tree_budget(tmp_path, target_gguf, drafter2_gguf) -> None:
+    """--tree-budget: the same greedy tokens as the chain's run (both lossless: plain decoding's, flash
+    attention on as the tree turns it on), and the tree's report on stderr."""
+    args = ("generate", "Once upon a time", "--model", str(target_gguf), "--draft", str(drafter2_gguf),
+            "--max-tokens", "16", "--raw", "--n-max", "3", "--n-ctx", "256", "--flash-attn", "on")
+    chain = _run(*args, "--json", cwd=tmp_path)
+    tree = _run(*args, "--json", "--tree-budget", "6", cwd=tmp_path)
+    assert chain.returncode == 0 and tree.returncode == 0, (chain.stderr, tree.stderr)
+    c, t = json.loads(chain.stdout), json.loads(tree.stdout)
+    assert t["stats"]["tree_budget"] == 6 and c["stats"]["tree_budget"] == 0
+    assert t["tokens"] == c["tokens"]
+    r = _run(*args, "--tree-budget", "6", cwd=tmp_path)
+    assert r.returncode == 0 and "tree budget 6" in r.stderr and "acceptance per tree depth" in r.stderr, r.stderr
+
+
 def test_generate_streams_text_and_reports_to_stderr(tmp_path, target_gguf, drafter2_gguf) -> None:
     r = _run("generate", "hi", "--model", str(target_gguf), "--draft", str(drafter2_gguf),
              "--max-tokens", "8", "--temperature", "0.8", "--seed", "3", "--n-ctx", "256", cwd=tmp_path)
@@ -173,6 +188,19 @@ def test_help_works_on_every_subcommand(tmp_path, name: str) -> None:
     assert r.stdout.startswith(f"usage: pydflash2 {name}") and r.stderr == ""
 
 
+def test_bench_runs_tree_budgets_beside_the_chain(tmp_path, target_gguf, drafter2_gguf) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Once upon a time\n")
+    out_dir = tmp_path / "bench"
+    r = _run("bench", "--model", str(target_gguf), "--draft", str(drafter2_gguf), "--prompts", str(prompts),
+             "--n-max", "3", "--tree-budget", "0,6", "--max-tokens", "12", "--repeats", "1", "--raw",
+             "--n-ctx", "256", "--out", str(out_dir), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    results = json.loads((out_dir / "bench.json").read_text())["results"]
+    assert {(x["n_max"], x["tree_budget"]) for x in results} == {(0, 0), (3, 0), (3, 6)}
+    assert "tree=6" in r.stdout
+
+
 def _mistakes(tmp: Path, target: Path, drafter: Path) -> list[tuple[tuple[str, ...], str]]:
     missing = str(tmp / "missing.gguf")
     junk = tmp / "junk.gguf"
@@ -182,6 +210,9 @@ def _mistakes(tmp: Path, target: Path, drafter: Path) -> list[tuple[tuple[str, .
         (("no-such-command",), "invalid choice"),
         (("generate", "hi", "--bogus"), "unrecognized arguments: --bogus"),
         (("generate", "hi", "--n-max", "many"), "--n-max"),
+        (("generate", "hi", "--tree-budget", "-1"), "--tree-budget"),
+        (("generate", "hi", "--tree-budget", "256"), "--tree-budget"),
+        (("bench", "--tree-budget", "4,x"), "--tree-budget"),
         (("generate", "hi", "--model", missing), "not found"),
         (("generate", "hi", "--model", t, "--draft", t, "--n-ctx", "256"), "general.architecture"),
         (("bench", "--n-max", "2,many"), "--n-max"),

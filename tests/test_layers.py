@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # low to high; a part may import its own layer and the ones below
 LAYERS: list[set[str]] = [
     {"_native", "cpu_threads", "llama_ext", "text_stream", "cpu_hog", "models"},
-    {"info", "devices", "exactness", "capture", "drafter", "draft_costs", "draft_decision", "convert",
+    {"info", "devices", "exactness", "capture", "drafter", "draft_costs", "draft_decision", "draft_tree", "convert",
      "chat_template", "sampling"},
     {"speculator", "ollama"},
     {"bench", "server", "train", "random_drafter"},

@@ -85,8 +85,9 @@ def drafter_cycles(drafter: str, target: str, device: str, seed: int, n_cycles: 
     return out
 
 
-def make_llm(target: str, placement: str, devices: list[str]) -> llama_cpp.Llama:
-    """placement: "cpu"; a device name (whole model there); "split" (layers over every RPC device)."""
+def make_llm(target: str, placement: str, devices: list[str], tree_budget: int = 0) -> llama_cpp.Llama:
+    """placement: "cpu"; a device name (whole model there); "split" (layers over every RPC device).
+    tree_budget > 0: a context for tree verification (as load_target makes it)."""
     kw: dict[str, Any] = {"n_gpu_layers": 0}
     if placement == "split":
         kw = {"n_gpu_layers": 99, "split_mode": llama_cpp.LLAMA_SPLIT_MODE_LAYER}
@@ -95,19 +96,23 @@ def make_llm(target: str, placement: str, devices: list[str]) -> llama_cpp.Llama
         kw = {"n_gpu_layers": 99, "split_mode": llama_cpp.LLAMA_SPLIT_MODE_NONE, "main_gpu": devices.index(placement)}
     from pydflash2.speculator import with_lazy_head
 
+    llm = llama_cpp.Llama(target, n_ctx=512, n_batch=512, n_threads=1, n_threads_batch=1, verbose=False,
+                          flash_attn=tree_budget > 0, **kw)
+    if tree_budget:  # the context with_lazy_head makes takes these
+        llm.context_params.n_seq_max = 1 + tree_budget
+        llm.context_params.kv_unified = True
     # with the lazy LM head: on a device placement its head runs on that device
-    return with_lazy_head(llama_cpp.Llama(target, n_ctx=512, n_batch=512, n_threads=1, n_threads_batch=1,
-                                          verbose=False, **kw))
+    return with_lazy_head(llm)
 
 
 def speculate(target: str, drafter: str, placement: str, device: str, prompts: list[str], n_max: int,
-              max_tokens: int, devices: list[str]) -> dict[str, Any]:
+              max_tokens: int, devices: list[str], tree_budget: int = 0) -> dict[str, Any]:
     """Greedy generations, a stream, a cancelled stream, and a sampled run of one configuration."""
     from pydflash2 import Speculator
 
-    llm = make_llm(target, placement, devices)
+    llm = make_llm(target, placement, devices, tree_budget)
     res: dict[str, Any] = {"plain": {p: greedy_generate(llm, p, max_tokens) for p in prompts}}
-    with Speculator(llm, drafter, n_max=n_max, device=device) as spec:
+    with Speculator(llm, drafter, n_max=n_max, device=device, tree_budget=tree_budget) as spec:
         res["drafter_device"] = spec.drafter.device if spec.drafter else None
         res["greedy"] = {}
         drafted = accepted = lazy_rows = 0
@@ -326,6 +331,19 @@ def test_speculator_placements_give_the_cpu_tokens(rpc_servers, models, cpu_refe
     assert res["after_cancel"] == cpu_reference[PROMPTS[2]]
     a, b, c = res["sampled"]
     assert a == b and len(a) == MAX_TOKENS
+
+
+def test_tree_verification_on_rpc_gives_the_cpu_tokens(rpc_servers, models) -> None:
+    """Tree verification (issue 27) with the drafter on RPC0: the tokens of the same run on the CPU."""
+    kw = dict(target=models["target"], drafter=models["v2"], prompts=PROMPTS, n_max=4, max_tokens=MAX_TOKENS,
+              tree_budget=8)
+    res = run_client(rpc_servers, "speculate", placement="cpu", device="RPC0", **kw)["result"]
+    cpu = speculate(placement="cpu", device="CPU", devices=[], **kw)
+    assert res["drafter_device"] == "RPC0" and cpu["drafter_device"] == "CPU"
+    assert res["greedy"] == cpu["greedy"] == cpu["plain"]  # lossless, on either device
+    assert 0 < res["accepted"] < res["drafted"]
+    assert res["stream"] == cpu["stream"] and res["after_cancel"] == cpu["after_cancel"]
+    assert res["sampled"] == cpu["sampled"]
 
 
 def test_stream_on_rpc_equals_cpu_generate(rpc_servers, models) -> None:

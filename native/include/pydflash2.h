@@ -115,6 +115,18 @@ int pdf2_drafter_get_logits(const pdf2_drafter * d, float * logits);
 int pdf2_drafter_walk(const pdf2_drafter * d, int32_t mode, float temperature, uint64_t seed, int32_t top_k,
                       int32_t * tokens, int32_t * q_ids, float * q);
 
+/* ---- Draft tree: the candidate paths a tree verify checks ----
+ * The `budget` most probable nodes of a DFlash2 lattice (candidates [n_pos][k], scores
+ * [n_pos][k(pred)][k(cand)], as get_lattice writes them), expanded best first: a path's
+ * probability is the product of the selector's softmax over each position's k candidates
+ * in the row its predecessor selects; non-finite scores are no candidates. Writes *n_nodes
+ * (<= budget) and per node, in expansion order (a parent before its children): parent (-1 =
+ * the anchor), depth (1..n_pos), token, cand (index among the k) and logp (the path's log
+ * probability); outputs other than n_nodes may be NULL, else hold `budget` entries. */
+int pdf2_draft_tree(const int32_t * candidates, const float * scores, int32_t n_pos, int32_t k, int32_t budget,
+                    int32_t * n_nodes, int32_t * parent, int32_t * depth, int32_t * token, int32_t * cand,
+                    double * logp);
+
 /* ---- Draft length: the cost model behind n_max = auto ----
  * For every draft count n = 0..n_draft (n_verify = n_draft + 1 verify costs, verify_s[B-1] for B rows;
  * draft_s[n-1]; acceptance[i-1] = conditional acceptance of block position i, n_draft values) writes
@@ -137,12 +149,16 @@ int32_t pdf2_draft_length_rates(const double * verify_s, int32_t n_verify, const
  * greedy, 1 sample, 2 viterbi. q_top_k: support of a DFlash1 draft
  * distribution. The drafters' features come through llama.cpp's layer-input
  * taps, or, for an architecture without them (capture rule), through the
- * capture callback the engine installs in its own context. */
+ * capture callback the engine installs in its own context. tree_budget > 0:
+ * each step verifies the best-first tree of that many drafted nodes over the
+ * DFlash2 lattice (pdf2_draft_tree) in the same one decode, instead of the
+ * greedy walk's chain; the context is then made with a unified KV cache and
+ * n_slots x (1 + tree_budget) sequences (0..255; 0 = the chain). */
 typedef struct pdf2_batch_engine pdf2_batch_engine;
 
 pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_t n_slots, int32_t n_ctx_slot, int32_t n_threads,
                                           int32_t n_threads_batch, int32_t flash_attn, pdf2_drafter ** drafters, int32_t n_drafters,
-                                          int32_t n_max, int32_t walk, int32_t q_top_k);
+                                          int32_t n_max, int32_t walk, int32_t q_top_k, int32_t tree_budget);
 /* One slot in a context the caller owns (target_ctx: a llama_context *, e.g.
  * llama_cpp.Llama._ctx.ctx; its size and threads are the slot's). The owner may
  * decode there between requests: each start() claims the context again and
@@ -153,10 +169,13 @@ pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_t n_slots, 
  * the rows the verify reaches; only where the graph's head is a plain mul_mat,
  * learned from the first full decode), NULL: every verify row's logits.
  * drafter: NULL with n_max = 0. max_draft >= 0 caps the drafts per step (exact
- * mode keeps verify batches below the sizes where ggml switches kernels). */
+ * mode keeps verify batches below the sizes where ggml switches kernels).
+ * tree_budget > 0: tree verification (as above); the context must have a
+ * unified KV cache and at least 1 + tree_budget sequences. */
 pdf2_batch_engine * pdf2_batch_engine_new_borrowed(void * target_ctx, struct pdf2_capture * feature_capture,
                                                    struct pdf2_capture * head_capture, pdf2_drafter * drafter,
-                                                   int32_t n_max, int32_t max_draft, int32_t walk, int32_t q_top_k);
+                                                   int32_t n_max, int32_t max_draft, int32_t walk, int32_t q_top_k,
+                                                   int32_t tree_budget);
 /* Turns a borrowed context's layer-input taps off again; call while it lives. 0 / -1. */
 int pdf2_batch_engine_release_target(pdf2_batch_engine * e);
 /* Frees the engine (a borrowed context is not touched: it may be gone). */

@@ -5,7 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import CliError, add_exact_arg, add_model_args, parse_list, parse_n_max, resolve_draft, setup_devices
+from .common import (
+    CliError,
+    add_exact_arg,
+    add_model_args,
+    parse_list,
+    parse_n_max,
+    parse_tree_budget,
+    resolve_draft,
+    setup_devices,
+)
 
 NAME = "bench"
 
@@ -16,6 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_exact_arg(p)
     p.add_argument("--prompts", help="text file, one prompt per line (default: a built-in set)")
     p.add_argument("--n-max", default="0,auto", help="comma list, e.g. 0,2,4,auto (0 is always added)")
+    p.add_argument("--tree-budget", default="0", metavar="N[,N...]",
+                   help="comma list of tree budgets: each > 0 runs every drafting --n-max with tree verification "
+                        "of that many nodes (0 = the chain, default)")
     p.add_argument("--temperature", default="0", help="comma list of temperatures")
     p.add_argument("--selector", default="auto", help="comma list of selectors")
     p.add_argument("--max-tokens", type=int, default=64)
@@ -43,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"--prompts: {args.prompts} holds no prompt")
     n_maxes = parse_list(args.n_max, parse_n_max, "--n-max")
     temperatures = parse_list(args.temperature, float, "--temperature")
+    tree_budgets = parse_list(args.tree_budget, parse_tree_budget, "--tree-budget")
     selectors = parse_list(args.selector, str, "--selector")
     if args.cpu_hog < 0:
         raise CliError(f"--cpu-hog must be >= 0, got {args.cpu_hog}")
@@ -57,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         model=str(target), draft=resolve_draft(args), prompts=prompts, n_maxes=n_maxes, temperatures=temperatures,
         selectors=selectors, max_tokens=args.max_tokens, repeats=args.repeats, chat=not args.raw,
         n_ctx=args.n_ctx, n_threads=args.threads, device=args.device, n_gpu_layers=args.n_gpu_layers,
-        out_dir=Path(args.out), exact=args.exact, cpu_hog=args.cpu_hog,
+        out_dir=Path(args.out), exact=args.exact, cpu_hog=args.cpu_hog, tree_budgets=tree_budgets,
     )
     from ..exactness import ExactnessUnavailable
 

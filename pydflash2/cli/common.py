@@ -20,6 +20,21 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def parse_tree_budget(value: str) -> int:
+    """An int in 0..255 (the --tree-budget syntax; 0 = the chain)."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer in 0..255, got {value!r}") from None
+    if not 0 <= n <= 255:
+        raise argparse.ArgumentTypeError(f"expected an integer in 0..255, got {value!r}")
+    return n
+
+
+TREE_BUDGET_HELP = ("verify a best-first tree of N drafted nodes over the DFlash2 lattice in each target decode "
+                    "instead of one path (0 = the chain, default); --n-max is then the tree's depth")
+
+
 def parse_n_max(value: str) -> int | str:
     """'auto' or an int >= 0 (the --n-max syntax)."""
     if value == "auto":
@@ -95,10 +110,16 @@ def resolve_draft(args: argparse.Namespace) -> str | None:
 
 
 def add_flash_attn_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--flash-attn", choices=["on", "off"], default="off",
-                   help="flash attention in the target's context (default off, as in llama-cpp-python; on is "
+    p.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto",
+                   help="flash attention in the target's context (auto: off, as in llama-cpp-python, but on with "
+                        "--tree-budget, whose tree rows equal their paths decoded alone only with it; on is "
                         "faster on CPUs at short context and changes logits slightly; --exact keeps it off over "
                         ">= 512 KV cells, where it is not batch-invariant)")
+
+
+def flash_attn_choice(value: str) -> bool | None:
+    """--flash-attn: None (auto: the library's default for the configuration), True or False."""
+    return None if value == "auto" else value == "on"
 
 
 def add_exact_arg(p: argparse.ArgumentParser, *, what: str = "") -> None:

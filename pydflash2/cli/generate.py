@@ -7,18 +7,21 @@ import json
 import sys
 
 from .common import (
+    TREE_BUDGET_HELP,
     CliError,
     add_exact_arg,
     add_flash_attn_arg,
     add_model_args,
+    flash_attn_choice,
     parse_n_max,
+    parse_tree_budget,
     resolve_draft,
     setup_devices,
 )
 
 NAME = "generate"
 
-STATS_KEYS = ("exact", "tau", "n_max", "tokens_per_second", "ttft_s", "draft_s", "verify_s", "inject_s",
+STATS_KEYS = ("exact", "tau", "n_max", "tree_budget", "tokens_per_second", "ttft_s", "draft_s", "verify_s", "inject_s",
               "drafted_per_position", "accepted_per_position", "n_max_histogram", "total_s", "phases",
               "drafter_graph_builds")
 
@@ -38,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--n-max", type=parse_n_max, default="auto",
                    help="drafts per block: auto (default) or N (0 = plain)")
+    p.add_argument("--tree-budget", type=parse_tree_budget, default=0, metavar="N", help=TREE_BUDGET_HELP)
     p.add_argument("--selector", choices=["auto", "greedy", "sample", "viterbi"], default="auto",
                    help="path walk through the DFlash2 lattice (auto: greedy at T=0, sampled otherwise)")
     p.add_argument("--raw", action="store_true",
@@ -59,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
         spec = Speculator(
             resolve_target(args.model), draft, n_ctx=args.n_ctx, n_threads=args.threads,
             n_max=args.n_max if draft else 0, selector=args.selector, device=args.device, exact=args.exact,
-            n_gpu_layers=args.n_gpu_layers, flash_attn=args.flash_attn == "on",
+            n_gpu_layers=args.n_gpu_layers, flash_attn=flash_attn_choice(args.flash_attn),
+            tree_budget=args.tree_budget,
         )
     # NativeError: a bad drafter or a mismatched pair; ExactnessUnavailable: --exact on a variant build
     except (OSError, ValueError, NativeError, ExactnessUnavailable) as e:
@@ -82,18 +87,20 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     assert out is not None
     s = out.stats
-    explanation = explain_run(spec.costs, s) if args.n_max == "auto" and draft else None
+    explanation = explain_run(spec.costs, s) if args.n_max == "auto" and draft and not args.tree_budget else None
     if args.json:
         print(json.dumps({"text": out.text, "tokens": out.tokens, "finish_reason": out.finish_reason,
                           "stats": {k: s[k] for k in STATS_KEYS}, "auto_decision": explanation}))
     else:
         print(f"[{out.finish_reason}] {len(out.tokens)} tokens, {s['tokens_per_second']:.1f} tok/s, "
               f"tau {s['tau']:.2f}, ttft {s['ttft_s'] * 1000:.0f} ms, n_max {s['n_max']}, "
+              + (f"tree budget {s['tree_budget']}, " if s["tree_budget"] else "") +
               f"exact {'yes' if s['exact'] else 'no'}", file=sys.stderr)
     drafted, accepted = s["drafted_per_position"], s["accepted_per_position"]
     if not args.json and any(drafted):
         per_position = " ".join(f"{a / d:.2f}" if d else "-" for d, a in zip(drafted, accepted, strict=True))
-        print(f"acceptance per block position 1..{len(drafted)}: {per_position} ({sum(drafted)} drafts)",
+        where = "tree depth" if s["tree_budget"] else "block position"
+        print(f"acceptance per {where} 1..{len(drafted)}: {per_position} ({sum(drafted)} reached)",
               file=sys.stderr)
     if not args.json and explanation:
         print(explanation, file=sys.stderr)

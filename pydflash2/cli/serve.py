@@ -9,12 +9,15 @@ import sys
 from collections.abc import Sequence
 
 from .common import (
+    TREE_BUDGET_HELP,
     CliError,
     Parser,
     add_exact_arg,
     add_flash_attn_arg,
     add_model_args,
+    flash_attn_choice,
     parse_n_max,
+    parse_tree_budget,
     resolve_draft,
     setup_devices,
 )
@@ -30,6 +33,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="slots: requests decoded together, each its own sequence (default 1); --n-ctx is per slot")
     p.add_argument("--n-max", type=parse_n_max, default="auto",
                    help="drafts per block: auto (default) or N (0 = plain)")
+    p.add_argument("--tree-budget", type=parse_tree_budget, default=0, metavar="N", help=TREE_BUDGET_HELP)
     p.add_argument("--selector", choices=["auto", "greedy", "sample", "viterbi"], default="auto",
                    help="path walk through the DFlash2 lattice (auto: greedy at T=0, sampled otherwise)")
     add_exact_arg(p, what=" whatever else is in the batch")
@@ -112,9 +116,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         return serve(ServerOptions(
             model=args.model, draft=draft, host=args.host, port=args.port, n_ctx=args.n_ctx,
-            parallel=args.parallel, n_max=args.n_max if draft else 0, selector=args.selector,
+            parallel=args.parallel, n_max=args.n_max if draft else 0, tree_budget=args.tree_budget,
+            selector=args.selector,
             threads=args.threads, device=args.device, n_gpu_layers=args.n_gpu_layers,
-            exact=args.exact, flash_attn=args.flash_attn == "on", api_keys=api_keys,
+            exact=args.exact, flash_attn=flash_attn_choice(args.flash_attn), api_keys=api_keys,
             max_queue=args.max_queue, model_alias=args.model_alias, max_body=args.max_body,
             log_level=args.log_level,
             defaults=SamplingDefaults(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

@@ -60,8 +60,9 @@ class BatchEngine:
 
     n_ctx: context of EACH slot (the KV cache holds n_slots x n_ctx tokens).
     draft: a dflash GGUF (one drafter instance per slot), or None for plain
-    decoding. n_max, selector, device: as for Speculator. flash_attn: None =
-    llama.cpp's choice."""
+    decoding. n_max, selector, device, tree_budget: as for Speculator (each slot
+    verifies its own tree inside the shared decode; the context then has a
+    unified KV cache). flash_attn: None = llama.cpp's choice."""
 
     def __init__(
         self,
@@ -77,7 +78,10 @@ class BatchEngine:
         n_gpu_layers: int = 0,
         flash_attn: bool | None = None,
         verbose: bool = False,
+        tree_budget: int = 0,
     ) -> None:
+        if not isinstance(tree_budget, int) or isinstance(tree_budget, bool) or not 0 <= tree_budget <= 255:
+            raise ValueError(f"tree_budget must be an int in 0..255 (0 = the chain), got {tree_budget!r}")
         if selector not in SELECTORS:
             raise ValueError(f"selector must be one of {sorted(SELECTORS)}, got {selector!r}")
         if n_max != "auto" and (not isinstance(n_max, int) or n_max < 0):
@@ -110,14 +114,17 @@ class BatchEngine:
                 d.set_max_graphs(SLOT_DRAFTER_GRAPHS)
                 d.reserve_graphs()  # all memory at startup: it stays flat while serving
         self._native_args = (self.n_slots, self.n_ctx, threads, threads, -1 if flash_attn is None else int(flash_attn))
-        self._walk_args = (-1 if self.n_max == "auto" else int(self.n_max), SELECTORS[selector], 16)
+        self.tree_budget = tree_budget if self.drafters else 0
+        # with a tree, n_max is its depth: the drafter's block when auto (the engine caps it there)
+        n_max_native = (255 if self.tree_budget else -1) if self.n_max == "auto" else int(self.n_max)
+        self._walk_args = (n_max_native, SELECTORS[selector], 16, self.tree_budget)
         self._h = self._new_native()
         self.max_draft = int(lib.pdf2_batch_engine_max_draft(self._h))
         self._counts = np.zeros(self.n_slots, dtype=np.int32)
         self._tokens = np.zeros(self.n_slots * (self.max_draft + 1), dtype=np.int32)
         self._n_logprobs: dict[int, int] = {}  # per slot: its request's logprobs count (-1: none)
         self.costs: dict[str, list[float]] | None = None
-        if self.n_max == "auto" and self.drafters and self.max_draft > 0:
+        if self.n_max == "auto" and self.drafters and self.max_draft > 0 and not self.tree_budget:
             assert draft is not None
             key = draft_costs.cost_key(self.model_path, os.fspath(draft), self.drafters[0].device, threads,
                                        self.max_draft)

@@ -38,12 +38,13 @@ class ServerOptions:
     n_ctx: int = 4096
     parallel: int = 1
     n_max: int | str = "auto"
+    tree_budget: int = 0  # > 0: each slot verifies a best-first tree of this many drafted nodes
     selector: str = "auto"
     threads: int | None = None
     device: str | None = None
     n_gpu_layers: int = 0
     exact: bool = False
-    flash_attn: bool = False
+    flash_attn: bool | None = None  # None: off, but on with a tree budget (as load_target)
     api_keys: tuple[str, ...] = ()
     max_queue: int = 64
     model_alias: str | None = None
@@ -61,13 +62,15 @@ class ServerOptions:
 
 def _exact_flash_attn(opts: ServerOptions) -> bool:
     """--exact: refuse a build whose forward is not batch-invariant. Flash
-    attention as --flash-attn asks (default off, llama-cpp-python's default);
+    attention as --flash-attn asks (default off, llama-cpp-python's default, but
+    on with a tree budget);
     exactness.flash_attn_for keeps it off in exact mode over >= 512 KV cells."""
     if opts.exact:
         inv = exactness.build_invariance()
         if not inv:
             raise RuntimeError(exactness.unavailable_message(inv))
-    return exactness.flash_attn_for(opts.n_ctx, opts.exact, opts.flash_attn)
+    wanted = bool(opts.tree_budget) if opts.flash_attn is None else opts.flash_attn
+    return exactness.flash_attn_for(opts.n_ctx, opts.exact, wanted)
 
 
 def token_piece(vocab: Any, token: int) -> bytes:
@@ -87,7 +90,7 @@ def load(opts: ServerOptions) -> Loaded:
     flash_attn = _exact_flash_attn(opts)
     engine = BatchEngine(model_path, opts.draft, n_slots=opts.parallel, n_ctx=opts.n_ctx, n_threads=opts.threads,
                          n_max=opts.n_max, selector=opts.selector, device=opts.device, n_gpu_layers=opts.n_gpu_layers,
-                         flash_attn=flash_attn)
+                         flash_attn=flash_attn, tree_budget=opts.tree_budget)
     llm = engine.llm
     vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
     metrics = ServerMetrics(engine.n_slots, engine.max_draft)

@@ -330,8 +330,9 @@ class Scheduler:
             s = req.sampling
             try:
                 cached = self.engine.cached_prefix(slot, req.prompt_tokens)
+                # max_tokens: no step drafts past the request's last token (rows verified there are thrown away)
                 self.engine.start(slot, req.prompt_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                  min_p=s.min_p, seed=s.seed, **req.engine_options)
+                                  min_p=s.min_p, seed=s.seed, max_tokens=req.max_tokens, **req.engine_options)
             except Exception as e:  # parameters the engine refuses (the handler checks them first): this request
                 self._reject(req, str(e), status=400)
                 continue

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <map>
 #include <string>
 
@@ -17,6 +18,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int MAX_SLOTS = 64;
 constexpr uint32_t BATCH_ROWS = 512;
+constexpr int MAX_TREE_BUDGET = 255;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -31,7 +33,8 @@ llama_context * make_context(llama_model * model, const BatchEngineOptions & o, 
     if (o.n_ctx_slot < 32) {
         throw Error("context per slot must be at least 32 tokens, got " + std::to_string(o.n_ctx_slot));
     }
-    const int64_t total = static_cast<int64_t>(o.n_ctx_slot) * o.n_slots;
+    // a tree's rows take cells beyond its slot's positions (siblings share a position) until its verify
+    const int64_t total = (static_cast<int64_t>(o.n_ctx_slot) + (o.tree_budget > 0 ? o.tree_budget + 1 : 0)) * o.n_slots;
     if (total > (int64_t{1} << 24)) {
         throw Error("context per slot x slots = " + std::to_string(total) + " tokens is too large");
     }
@@ -45,6 +48,17 @@ llama_context * make_context(llama_model * model, const BatchEngineOptions & o, 
     // the same order whatever the other slots hold (a unified cache
     // interleaves the slots' cells and changes the SIMD grouping).
     p.kv_unified = false;
+    if (o.tree_budget > 0) {
+        // a tree's branch sequences share the slot's cells: one stream for all (a copy of the
+        // context into a branch is then metadata only), and a sequence per branch
+        const int64_t n_seq = static_cast<int64_t>(o.n_slots) * (1 + o.tree_budget);
+        if (n_seq > static_cast<int64_t>(llama_max_parallel_sequences())) {
+            throw Error("tree verification needs slots x (1 + tree budget) = " + std::to_string(n_seq) +
+                        " sequences, llama.cpp allows " + std::to_string(llama_max_parallel_sequences()));
+        }
+        p.n_seq_max = static_cast<uint32_t>(n_seq);
+        p.kv_unified = true;
+    }
     if (o.n_threads > 0) {
         p.n_threads = o.n_threads;
     }
@@ -81,6 +95,11 @@ BatchEngineOptions borrowed_options(const BorrowedTarget & t, BatchEngineOptions
     }
     o.n_slots = 1;
     o.n_ctx_slot = static_cast<int32_t>(llama_n_ctx(t.ctx));
+    if (o.tree_budget > 0 && static_cast<int64_t>(llama_n_seq_max(t.ctx)) < 1 + static_cast<int64_t>(o.tree_budget)) {
+        throw Error("tree verification of " + std::to_string(o.tree_budget) + " nodes needs a target context with " +
+                    std::to_string(1 + o.tree_budget) + " sequences and a unified KV cache, this one has " +
+                    std::to_string(llama_n_seq_max(t.ctx)) + " (load_target(..., tree_budget=...) makes one)");
+    }
     o.n_threads = llama_n_threads(t.ctx);
     o.n_threads_batch = llama_n_threads_batch(t.ctx);
     return o;
@@ -116,6 +135,10 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
     if (opts.n_max < -1) {
         throw Error("n_max must be >= 0, or -1 for adaptive");
     }
+    if (opts.tree_budget < 0 || opts.tree_budget > MAX_TREE_BUDGET) {
+        throw Error("tree budget must be in 0.." + std::to_string(MAX_TREE_BUDGET) + ", got " +
+                    std::to_string(opts.tree_budget));
+    }
     slots_.resize(static_cast<size_t>(opts.n_slots));
     if (opts.n_max != 0) {
         if (drafters.size() != slots_.size()) {
@@ -139,6 +162,9 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
                 throw Error("the slots' drafters tap different target layers");
             }
             check_drafter_fits(*d, target_, static_cast<uint32_t>(opts.n_ctx_slot), "the context per slot");
+            if (opts.tree_budget > 0 && hp.version != 2) {
+                throw Error("tree verification needs a DFlash2 drafter (its selector lattice holds the paths)");
+            }
             max_draft_ = std::min<int>(max_draft_, static_cast<int>(hp.block_size) - 1);
             slots_[i].drafter = d;
         }
@@ -160,11 +186,12 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
     target_.claim();
     batch_cap_ = target_.n_batch();
     const llama_model * model = llama_get_model(ctx_.ctx);
-    fill_gaps_ = !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model);
+    // (a unified cache, as trees take, splits a batch in row order whatever its sequences)
+    fill_gaps_ = !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model) && opts.tree_budget == 0;
     if (batch_cap_ < opts.n_slots) {
         throw Error("target batch (" + std::to_string(batch_cap_) + " rows) is smaller than the number of slots");
     }
-    batch_ = llama_batch_init(batch_cap_, 0, 1);
+    batch_ = llama_batch_init(batch_cap_, 0, std::max(1, opts.tree_budget));  // a tree's anchor is in every branch
     stats_.accepted_per_pos.assign(static_cast<size_t>(max_draft_), 0);
     if (feed_drafters_) {
         // feature rows are copied at every step and prompt chunk: buffers of their largest size
@@ -258,8 +285,10 @@ void BatchEngine::stop(int slot) {
     if (s.state == State::Idle) {
         return;
     }
+    flush_pending(slot, s);
     // what the sequence holds: the prefilled prompt rows, or every committed row
-    const int32_t held = s.state == State::Prefill ? s.n_prefilled : s.pos;
+    const int32_t held = s.state == State::Prefill ? s.n_prefilled : s.pos - static_cast<int32_t>(s.pending.size());
+    s.pending.clear();
     s.history.resize(static_cast<size_t>(std::min<int32_t>(held, static_cast<int32_t>(s.history.size()))));
     s.state = State::Idle;
     s.prompt.clear();
@@ -373,9 +402,10 @@ void BatchEngine::flush_rows(Slot & s) {
     stats_.inject_s += seconds_since(t0) - setup;
 }
 
-void BatchEngine::draft(Slot & s, int n) {
+void BatchEngine::draft(Slot & s, int n, int tree_budget) {
     s.drafts.clear();
     s.q.clear();
+    s.tree_step = false;
     if (n <= 0) {
         return;
     }
@@ -394,6 +424,16 @@ void BatchEngine::draft(Slot & s, int n) {
     stats_.n_graph_builds += static_cast<int64_t>(s.drafter->n_graph_builds() - builds0);
     const auto t_walk = Clock::now();
     stats_.propose_s += std::chrono::duration<double>(t_walk - t0).count() - setup;
+    const Proposal & prop = s.drafter->last();
+    if (tree_budget > 0 && prop.lattice.n_pos > 0) {
+        // the tree replaces the walk; the target's verify follows its own choice down it (finish_tree)
+        s.tree = build_draft_tree(prop.lattice, tree_budget);
+        s.drafts.assign(s.tree.token.begin(), s.tree.token.end());
+        s.tree_step = !s.drafts.empty();
+        stats_.walk_s += seconds_since(t_walk);
+        stats_.draft_s += seconds_since(t0);
+        return;
+    }
     WalkMode mode = opts_.walk < 0 ? (greedy ? WalkMode::Greedy : WalkMode::Sample) : static_cast<WalkMode>(opts_.walk);
     if (greedy && mode == WalkMode::Sample) {
         mode = WalkMode::Greedy;  // a greedy target accepts only its argmax: sampled drafts would be wasted
@@ -468,6 +508,101 @@ void BatchEngine::add_row(llama_token token, int32_t pos, int seq, bool logits) 
     batch_.seq_id[i][0] = seq;
     batch_.logits[i] = logits ? 1 : 0;
     batch_.n_tokens = i + 1;
+}
+
+void BatchEngine::add_row(llama_token token, int32_t pos, const std::vector<int32_t> & seqs, bool logits) {
+    const int32_t i = batch_.n_tokens;
+    batch_.token[i] = token;
+    batch_.pos[i] = pos;
+    batch_.n_seq_id[i] = static_cast<int32_t>(seqs.size());
+    std::copy(seqs.begin(), seqs.end(), batch_.seq_id[i]);
+    batch_.logits[i] = logits ? 1 : 0;
+    batch_.n_tokens = i + 1;
+}
+
+// The tree decoded the way llama.cpp decodes trees (examples/speculative): one sequence per
+// leaf, holding a copy of the slot's context (metadata in a unified cache), and every node a
+// row in the sequences of the leaves below it. A row then attends to the context and to its
+// ancestors only (llama.cpp masks cells by sequence and position), and one decode computes all.
+void BatchEngine::add_tree_rows(int idx, Slot & s) {
+    const DraftTree & t = s.tree;
+    const int n = t.size();
+    std::vector<char> has_child(static_cast<size_t>(n), 0);
+    for (int v = 0; v < n; ++v) {
+        if (t.parent[static_cast<size_t>(v)] >= 0) has_child[static_cast<size_t>(t.parent[static_cast<size_t>(v)])] = 1;
+    }
+    std::vector<std::vector<int32_t>> seqs(static_cast<size_t>(n));
+    s.branches.clear();
+    s.node_branch.assign(static_cast<size_t>(n), -1);
+    for (int leaf = 0; leaf < n; ++leaf) {
+        if (has_child[static_cast<size_t>(leaf)]) continue;
+        const int32_t b = n_slots() + idx * opts_.tree_budget + static_cast<int32_t>(s.branches.size());
+        s.branches.push_back(b);
+        for (int v = leaf; v >= 0; v = t.parent[static_cast<size_t>(v)]) {
+            seqs[static_cast<size_t>(v)].push_back(b);
+            if (s.node_branch[static_cast<size_t>(v)] < 0) s.node_branch[static_cast<size_t>(v)] = b;
+        }
+    }
+    llama_memory_t mem = llama_get_memory(ctx_.ctx);
+    for (const int32_t b : s.branches) {
+        llama_memory_seq_rm(mem, b, -1, -1);  // nothing should be left; a failed step may have left rows
+        llama_memory_seq_cp(mem, idx, b, -1, -1);
+    }
+    std::vector<int32_t> all = s.branches;  // pending rows: committed, so in the slot and every branch
+    all.push_back(idx);
+    add_pending_rows(idx, s, all);
+    s.row0 = batch_.n_tokens;
+    add_row(s.anchor, s.pos, s.branches, true);
+    // Depth first, best child first: a row's cells come in batch order, so the first-child chain
+    // sits at the cells of its positions and every path's cells increase with depth. Flash
+    // attention then sums each row's keys in position order, as a chain's, gaps skipped
+    // (benchmarks/tree_attention.py: bit-identical rows); the commit keeps that order (finish_tree).
+    s.node_row.assign(static_cast<size_t>(n), 0);
+    std::vector<int32_t> stack;
+    for (int v = n - 1; v >= 0; --v) {
+        if (t.parent[static_cast<size_t>(v)] < 0) stack.push_back(v);  // later siblings deeper in the stack
+    }
+    int32_t row = 1;
+    while (!stack.empty()) {
+        const int32_t v = stack.back();
+        stack.pop_back();
+        s.node_row[static_cast<size_t>(v)] = row++;
+        add_row(t.token[static_cast<size_t>(v)], s.pos + t.depth[static_cast<size_t>(v)], seqs[static_cast<size_t>(v)],
+                true);
+        for (int c = n - 1; c > v; --c) {
+            if (t.parent[static_cast<size_t>(c)] == v) stack.push_back(c);
+        }
+    }
+}
+
+void BatchEngine::add_pending_rows(int idx, Slot & s, const std::vector<int32_t> & seqs) {
+    (void)idx;
+    for (size_t j = 0; j < s.pending.size(); ++j) {
+        add_row(s.pending[j], s.pending_pos0 + static_cast<int32_t>(j), seqs, true);
+    }
+}
+
+void BatchEngine::flush_pending(int idx, Slot & s) {
+    if (s.pending.empty() || s.state == State::Idle) {
+        return;
+    }
+    try {
+        batch_.n_tokens = 0;
+        add_pending_rows(idx, s, {idx});
+        decode_batch(true);
+        s.pending.clear();
+    } catch (const Error &) {
+        // the sequence keeps what it held; stop() cuts the slot's history back to that
+        llama_memory_seq_rm(llama_get_memory(ctx_.ctx), idx, s.pending_pos0, -1);
+    }
+}
+
+void BatchEngine::remove_branches(Slot & s) {
+    llama_memory_t mem = llama_get_memory(ctx_.ctx);
+    for (const int32_t b : s.branches) {
+        llama_memory_seq_rm(mem, b, -1, -1);
+    }
+    s.branches.clear();
 }
 
 void BatchEngine::add_filler_rows(int seq, int n) {
@@ -613,8 +748,17 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
             // no rows past the request's last token (a slot near its end may verify in a group of its own)
             n = std::max(0, std::min<int>(n, s.max_tokens - static_cast<int>(s.stats.n_generated) - 1));
         }
-        draft(s, n);
-        groups[static_cast<int>(s.drafts.size()) + 1].push_back(static_cast<int>(i));  // a grammar may end it early
+        const int n_pending = static_cast<int>(s.pending.size());
+        n = std::max(0, std::min(n, share - n_pending));
+        int tree_budget = 0;
+        if (opts_.tree_budget > 0 && n > 0) {
+            // its rows share the batch like a chain's; a borrowed context holds no cells beyond its size
+            tree_budget = std::min(opts_.tree_budget, share - n_pending);
+            if (borrowed_) tree_budget = std::min(tree_budget, opts_.n_ctx_slot - s.pos - 1);
+        }
+        draft(s, n, tree_budget);
+        // a grammar may end the block early
+        groups[n_pending + static_cast<int>(s.drafts.size()) + 1].push_back(static_cast<int>(i));
     }
 
     // 2. one target decode per group of equal rows (normally one), slots in order.
@@ -634,6 +778,11 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
             }
             ++next;
             Slot & s = slots_[static_cast<size_t>(i)];
+            if (s.tree_step) {
+                add_tree_rows(i, s);  // its pending rows first, then the anchor (row0) and the nodes
+                continue;
+            }
+            add_pending_rows(i, s, {i});
             s.row0 = batch_.n_tokens;
             add_row(s.anchor, s.pos, i, true);
             for (size_t j = 0; j < s.drafts.size(); ++j) {
@@ -642,10 +791,16 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
         }
         const int32_t n_fillers = batch_.n_tokens - n_rows * static_cast<int32_t>(members.size());
         {
-            struct RemoveFillers {  // right after the decode, also when it throws
+            struct RemoveFillers {  // right after the decode, also when it throws (with the trees' branches then)
                 BatchEngine & engine;
-                ~RemoveFillers() { engine.remove_filler_rows(); }
-            } remove_fillers{*this};
+                const std::vector<int> & members;
+                ~RemoveFillers() {
+                    engine.remove_filler_rows();
+                    if (std::uncaught_exceptions() > 0) {
+                        for (const int i : members) engine.remove_branches(engine.slots_[static_cast<size_t>(i)]);
+                    }
+                }
+            } remove_fillers{*this, members};
             decode_batch(false, /*lazy_head =*/n_rows > 1);  // plain rows (one per slot) all need their head
         }
         rows += batch_.n_tokens - n_fillers;
@@ -683,6 +838,11 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
 }
 
 void BatchEngine::finish_decode(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
+    s.pending.clear();  // decoded ahead of this step's rows
+    if (s.tree_step) {
+        finish_tree(idx, s, counts, tokens);
+        return;
+    }
     const auto t0 = Clock::now();
     const size_t width = static_cast<size_t>(max_draft_) + 1;
     const int n = static_cast<int>(s.drafts.size());
@@ -736,6 +896,105 @@ void BatchEngine::finish_decode(int idx, Slot & s, std::vector<int32_t> & counts
     }
     s.pos += k + 1;
     s.anchor = v.next;
+}
+
+// The verify of a tree: from the anchor's row, the target chooses its next token after its
+// whole sampler chain (argmax at T=0, a draw from its distribution otherwise), and the verify
+// descends into the child holding that token while there is one. Every committed token is the
+// target's own choice at the committed prefix, so the output is what the target alone writes
+// (greedy: plain greedy decoding; sampled: its law). With fixed candidates as children
+// (one-hot draft distributions) this is the multi-draft rule of SpecInfer without sampled drafts.
+// Then the accepted path's cells join the slot's sequence and the branches are cut off.
+void BatchEngine::finish_tree(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
+    const auto t0 = Clock::now();
+    const double head_s0 = target_.lazy_head_seconds();
+    const DraftTree & t = s.tree;
+    const int n = t.size();
+    const bool greedy = s.sampler->params().greedy();
+    const bool want_logprobs = s.sampler->params().n_logprobs >= 0;
+    if (want_logprobs) s.n_logprobs = 0;
+    std::vector<int32_t> path;  // accepted nodes, by depth
+    int node = -1;
+    llama_token next = -1;
+    SparseDist p;
+    for (;;) {
+        const float * logits = row_logits(s.row0 + (node < 0 ? 0 : s.node_row[static_cast<size_t>(node)]));
+        llama_token x;
+        if (greedy) {
+            x = s.sampler->greedy(logits);
+        } else {
+            s.sampler->distribution(logits, p);
+            x = s.sampler->draw(p);
+        }
+        s.sampler->accept(x);
+        if (want_logprobs) record_logprob(s, logits, x);
+        int child = -1;
+        for (int v = node + 1; v < n; ++v) {  // children come after their parent
+            if (t.parent[static_cast<size_t>(v)] == node && t.token[static_cast<size_t>(v)] == x) {
+                child = v;
+                break;
+            }
+        }
+        if (child < 0) {
+            next = x;
+            break;
+        }
+        path.push_back(child);
+        node = child;
+    }
+    const int k = static_cast<int>(path.size());
+    // The path's first m nodes are the first-child chain, at the cells of their positions: they join
+    // the slot's sequence where they are. The rest sat at later cells; kept there, later rows would
+    // fill the freed cells below them and break the position order of the cache, so they are decoded
+    // again ahead of the next step's rows (exact: the same inputs in the same order).
+    int m = 0;
+    while (m < k && s.node_row[static_cast<size_t>(path[static_cast<size_t>(m)])] == m + 1) ++m;
+    llama_memory_t mem = llama_get_memory(ctx_.ctx);
+    // the branch through the last accepted node holds exactly the anchor and the path at positions pos..pos+k
+    const int32_t b = node >= 0 ? s.node_branch[static_cast<size_t>(node)] : s.branches.front();
+    llama_memory_seq_cp(mem, b, idx, s.pos, s.pos + m + 1);
+    remove_branches(s);
+    s.pending.clear();
+    for (int j = m; j < k; ++j) s.pending.push_back(t.token[static_cast<size_t>(path[static_cast<size_t>(j)])]);
+    s.pending_pos0 = s.pos + m + 1;
+    const double head_s = target_.lazy_head_seconds() - head_s0;
+    stats_.verify_decode_s += head_s;
+    stats_.decode_s += head_s;
+    stats_.verify_logic_s += seconds_since(t0) - head_s;
+
+    queue_rows(s, s.row0, 1, s.pos);  // the anchor, then the accepted nodes' rows (not adjacent in the batch)
+    s.history.push_back(s.anchor);
+    llama_token * out = tokens.data() + static_cast<size_t>(idx) * (static_cast<size_t>(max_draft_) + 1);
+    for (int j = 0; j < k; ++j) {
+        const int v = path[static_cast<size_t>(j)];
+        queue_rows(s, s.row0 + s.node_row[static_cast<size_t>(v)], 1, s.pos + 1 + j);
+        out[j] = t.token[static_cast<size_t>(v)];
+        s.history.push_back(out[j]);
+    }
+    out[k] = next;
+    counts[static_cast<size_t>(idx)] = k + 1;
+    stats_.n_generated += k + 1;
+    SlotStats & st = s.stats;
+    st.n_generated += k + 1;
+    st.n_steps += 1;
+    st.n_spec_steps += 1;
+    const int depth = *std::max_element(t.depth.begin(), t.depth.end());
+    st.n_max_used[static_cast<size_t>(std::min(depth, max_draft_))] += 1;
+    for (int j = 0; j < depth && j <= k; ++j) {
+        st.drafted[static_cast<size_t>(j)] += 1;  // the verify reached depth j+1
+        st.accepted[static_cast<size_t>(j)] += j < k ? 1 : 0;
+    }
+    stats_.n_drafts += 1;
+    stats_.n_draft_tokens += n;
+    stats_.n_accepted += k;
+    for (int j = 0; j < k; ++j) {
+        stats_.accepted_per_pos[static_cast<size_t>(j)] += 1;
+    }
+    s.policy.observe(depth, k);
+    shared_policy_.observe(depth, k);
+    s.pos += k + 1;
+    s.anchor = next;
+    s.tree_step = false;
 }
 
 void BatchEngine::finish_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {

@@ -14,6 +14,7 @@
 #pragma once
 
 #include "engine/draft_length.h"
+#include "drafter/draft_tree.h"
 #include "drafter/drafter.h"
 #include "capture/feature_capture_callback.h"
 #include "engine/target_runner.h"
@@ -38,6 +39,12 @@ struct BatchEngineOptions {
     int walk = -1;              // WalkMode, or -1 = sample when the target samples, else greedy
     int q_top_k = 16;           // DFlash1: support of the draft distribution when sampling
     int max_draft = -1;         // < 0: the drafter's block; else a cap (exact mode keeps verify batches small)
+    // > 0: a step verifies the best-first tree of this many drafted nodes over the DFlash2 lattice
+    // (draft_tree.h) instead of the greedy walk's chain, in the same one decode: each node is a row
+    // in the sequences of every leaf below it (llama.cpp's own way to decode a tree), so that it
+    // attends to the committed context and its ancestors only. Needs a unified KV cache and
+    // n_slots * (1 + tree_budget) sequences: an own context is made so; a borrowed one must be.
+    int tree_budget = 0;
 };
 
 // A context the engine decodes in without owning it (one slot, sequence 0).
@@ -163,7 +170,17 @@ class BatchEngine {
         std::vector<float> queued_features;  // committed rows not yet injected into the drafter
         std::vector<int32_t> queued_positions;
         // this step
-        std::vector<llama_token> drafts;
+        std::vector<llama_token> drafts;  // the chain's drafts, or the tree's nodes in expansion order
+        bool tree_step = false;           // drafts are a tree's nodes (opts.tree_budget)
+        DraftTree tree;
+        std::vector<int32_t> branches;     // the tree's branch sequences (one per leaf)
+        std::vector<int32_t> node_branch;  // per node, one branch sequence through it
+        std::vector<int32_t> node_row;     // per node, its row after the anchor's (depth-first order)
+        // Committed tokens whose K/V the sequence does not hold yet: a tree path that left the
+        // first-child chain sat at cells out of position order, so its rows are decoded again, in
+        // order, ahead of the slot's next rows (their features were taken from the tree's rows).
+        std::vector<llama_token> pending;
+        int32_t pending_pos0 = 0;
         std::vector<SparseDist> q;
         int32_t row0 = 0, n_rows = 0;
     };
@@ -182,12 +199,19 @@ class BatchEngine {
 
     int choose_n_draft(Slot & s);
     int batch_draft_length(const std::vector<size_t> & decoding) const;
-    void draft(Slot & s, int n);
+    // n drafts per block (the tree's depth); tree_budget > 0: a tree of at most that many nodes
+    void draft(Slot & s, int n, int tree_budget);
     void constrain_drafts(Slot & s);  // greedy drafts the slot's grammar allows
     void queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0);
     int32_t reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt);
     void flush_rows(Slot & s);
     void add_row(llama_token token, int32_t pos, int seq, bool logits);
+    void add_row(llama_token token, int32_t pos, const std::vector<int32_t> & seqs, bool logits);
+    // a tree slot's rows: the anchor, then its nodes, each in the branch sequences below it
+    void add_tree_rows(int idx, Slot & s);
+    void remove_branches(Slot & s);  // the tree's branch sequences, cut off after its verify
+    void add_pending_rows(int idx, Slot & s, const std::vector<int32_t> & seqs);
+    void flush_pending(int idx, Slot & s);  // decodes them alone (a request ends with some)
     // n rows for sequence seq after what it holds, when its stream has room: see step()
     void add_filler_rows(int seq, int n);
     void remove_filler_rows();
@@ -195,6 +219,7 @@ class BatchEngine {
     const float * row_logits(int32_t row);  // of the last decode (lazily computed head rows included)
     void init(const std::vector<Drafter *> & drafters, bool has_head);
     void finish_decode(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
+    void finish_tree(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     void finish_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     void record_logprob(Slot & s, const float * logits, llama_token token);
     Slot & slot_at(int slot);

@@ -24,7 +24,7 @@ extern "C" pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_
                                                      int32_t n_threads, int32_t n_threads_batch, int32_t flash_attn,
                                                      pdf2_drafter ** drafters,
                                                      int32_t n_drafters, int32_t n_max, int32_t walk,
-                                                     int32_t q_top_k) {
+                                                     int32_t q_top_k, int32_t tree_budget) {
     return pdf2::guarded<pdf2_batch_engine *>(nullptr, [&] {
         pdf2::check_walk_options(walk, q_top_k);
         if (flash_attn < -1 || flash_attn > 1) {
@@ -46,6 +46,7 @@ extern "C" pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_
         opts.n_max = n_max;
         opts.walk = walk;
         opts.q_top_k = q_top_k;
+        opts.tree_budget = tree_budget;
         auto e = std::make_unique<pdf2_batch_engine>();
         e->impl = std::make_unique<pdf2::BatchEngine>(static_cast<llama_model *>(target_model), ds, opts);
         return e.release();
@@ -55,7 +56,7 @@ extern "C" pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_
 extern "C" pdf2_batch_engine * pdf2_batch_engine_new_borrowed(void * target_ctx, pdf2_capture * feature_capture,
                                                               pdf2_capture * head_capture, pdf2_drafter * drafter,
                                                               int32_t n_max, int32_t max_draft, int32_t walk,
-                                                              int32_t q_top_k) {
+                                                              int32_t q_top_k, int32_t tree_budget) {
     return pdf2::guarded<pdf2_batch_engine *>(nullptr, [&] {
         pdf2::check_walk_options(walk, q_top_k);
         pdf2::BorrowedTarget t;
@@ -67,6 +68,7 @@ extern "C" pdf2_batch_engine * pdf2_batch_engine_new_borrowed(void * target_ctx,
         opts.max_draft = max_draft;
         opts.walk = walk;
         opts.q_top_k = q_top_k;
+        opts.tree_budget = tree_budget;
         auto e = std::make_unique<pdf2_batch_engine>();
         e->impl = std::make_unique<pdf2::BatchEngine>(t, drafter != nullptr ? drafter->impl.get() : nullptr, opts);
         return e.release();

@@ -1,0 +1,228 @@
+"""Tree verification (issue 27) on SmolLM2-135M with the shipped DFlash2 drafter: a step verifies
+the best-first tree of B drafted nodes in one target decode (each node a row in the sequences of
+the leaves below it) and commits the path the target's own choices follow.
+
+Greedy equals plain greedy decoding (bit-identical on a batch-invariant build, up to a near-tie
+elsewhere: tests/lossless.py); sampled tokens follow llama-cpp-python's own sampling law
+(chi-square); each tree row's logits equal those of its path decoded alone as a chain; after many
+tree steps the target's KV cache holds exactly the committed tokens and the branch sequences
+nothing; a server engine's slots verify their own trees in the shared decode.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+import pytest
+from lossless import DELTA_SMOLLM2, check_greedy, plain_greedy
+from scipy.stats import chi2_contingency
+
+from pydflash2 import exactness
+from pydflash2.models import default_drafter, default_target
+from pydflash2.speculator import GenerationError, Speculator, load_target
+
+EVAL = Path(__file__).resolve().parent.parent / "benchmarks" / "prompts_chat_eval.txt"
+N_TOKENS = 32
+BUDGET = 16
+N_CTX = 448
+
+
+def _eval_prompts(n: int) -> list[str]:
+    return [line.strip() for line in EVAL.read_text().splitlines() if line.strip()][:n]
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[str, str]:
+    try:
+        target = default_target()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    draft = default_drafter()
+    assert draft is not None, "the shipped drafter is missing from this install"
+    return str(target), str(draft)
+
+
+@pytest.fixture(scope="module")
+def llm(pair) -> llama_cpp.Llama:
+    """A target context with a unified KV cache, 1 + BUDGET sequences and flash attention (load_target's
+    tree_budget), under 512 cells: flash attention is batch-invariant there (pydflash2.exactness)."""
+    llm, _ = load_target(pair[0], n_ctx=N_CTX, n_threads=1, tree_budget=BUDGET)
+    return llm
+
+
+@pytest.fixture(scope="module")
+def exact(llm) -> bool:
+    inv = exactness.llama_invariance(llm)
+    return inv.batch_invariant and inv.max_batch is None
+
+
+def test_greedy_tree_is_plain_greedy(pair, llm, exact) -> None:
+    """20 hand-written chat prompts x B in {4, 16}: the same tokens as plain greedy decoding."""
+    prompts = _eval_prompts(20)
+    with Speculator(llm, None, n_max=0) as spec:
+        ids = {p: spec.tokenize_prompt(p) for p in prompts}
+    plain = {p: plain_greedy(llm, ids[p], N_TOKENS) for p in prompts}
+    parted = 0
+    for budget in (4, 16):
+        committed = steps = accepted = 0
+        with Speculator(llm, pair[1], n_max=7, tree_budget=budget) as spec:
+            for p in prompts:
+                out = spec.generate(p, max_tokens=N_TOKENS)
+                assert out.stats["tree_budget"] == budget
+                parted += check_greedy(out.tokens, plain[p], exact=exact, delta=DELTA_SMOLLM2, what=(budget, p))
+                committed += out.stats["n_generated"] - 1
+                steps += out.stats["n_steps"]
+                accepted += sum(out.stats["accepted_per_position"])
+        print(f"tree budget {budget}: tau {committed / steps:.2f}, {accepted} drafts accepted")
+        assert accepted > 50  # paths of the tree were committed, not only the anchors' bonus tokens
+    print(f"{parted} of {2 * len(prompts)} runs left plain decoding at a near-tie (stock build only)")
+
+
+def _p_value(a_runs: list[tuple[int, ...]], b_runs: list[tuple[int, ...]], pos: int) -> float:
+    a = [r[pos] for r in a_runs if len(r) > pos]
+    b = [r[pos] for r in b_runs if len(r) > pos]
+    cats = sorted(set(a) | set(b))
+    table = np.array([[a.count(c) for c in cats], [b.count(c) for c in cats]])
+    keep = table.sum(axis=0) >= 10
+    table = np.column_stack([table[:, keep], table[:, ~keep].sum(axis=1)]) if (~keep).any() else table
+    table = table[:, table.sum(axis=0) > 0]
+    assert table.shape[1] >= 2, table
+    return float(chi2_contingency(table)[1])
+
+
+@pytest.mark.parametrize("temperature, top_p, other", [(1.0, 1.0, 0.6), (0.7, 0.9, 1.2)])
+def test_sampling_with_a_tree_follows_llama_cpp_python(pair, llm, temperature, top_p, other) -> None:
+    """Tokens 2 and 3 (the first a tree verify commits) over 250 seeds against llama-cpp-python's
+    own sampling at the same settings; against another temperature the same test must see the
+    difference (it can tell a wrong law)."""
+    if os.environ.get("PYDFLASH2_REQUIRE_SPECIAL_BUILD") == "1":
+        pytest.skip("the sampling law does not depend on the build: tier 1 runs it")
+    with Speculator(llm, None, n_max=0) as spec:
+        ids = spec.tokenize_prompt("Name an animal and say one thing about it.")
+    n_runs = 250
+
+    def plain(seed: int, temp: float) -> tuple[int, ...]:
+        llm.set_seed(seed)
+        out = []
+        for tok in llm.generate(ids, temp=temp, top_p=top_p, top_k=0, min_p=0.0, reset=True):
+            out.append(tok)
+            if len(out) == 3:
+                break
+        return tuple(out[1:3])
+
+    drafted = accepted = 0
+    ours = []
+    with Speculator(llm, pair[1], n_max=7, tree_budget=8) as spec:  # 9 rows: the law, at half the CPU of 16
+        for seed in range(n_runs):
+            out = spec.generate(ids, max_tokens=3, seed=seed, temperature=temperature, top_p=top_p, top_k=0,
+                                min_p=0.0)
+            ours.append(tuple(out.tokens[1:3]))
+            drafted += sum(out.stats["drafted_per_position"])
+            accepted += sum(out.stats["accepted_per_position"])
+    same = [plain(s, temperature) for s in range(n_runs)]
+    different = [plain(s, other) for s in range(n_runs)]
+    p_same = [_p_value(ours, same, pos) for pos in (0, 1)]
+    p_other = [_p_value(ours, different, pos) for pos in (0, 1)]
+    print(f"T={temperature} top_p={top_p}: tree depths accepted {accepted} of {drafted} reached "
+          f"({accepted / max(drafted, 1):.2f}); p-values against the same law {p_same}, against T={other} {p_other}")
+    assert min(p_same) > 0.001, p_same
+    assert min(p_other) < 0.001, p_other
+    assert accepted > 0
+
+
+def _logits(ctx, row: int, n_vocab: int) -> np.ndarray:
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, row), shape=(n_vocab,)).copy()
+
+
+def test_tree_kv_holds_exactly_the_committed_tokens(pair, llm, exact) -> None:
+    """After a long tree generation: the slot's sequence ends at the last committed position, every
+    branch sequence is empty, and the next token's logits equal those of a fresh context that
+    prefilled the same text (the cached K/V are the committed tokens' own)."""
+    with Speculator(llm, pair[1], n_max=7, tree_budget=BUDGET) as spec:
+        prompt = spec.tokenize_prompt(_eval_prompts(30)[-1])
+        out = spec.generate(prompt, max_tokens=96)
+        assert out.stats["n_steps"] > 10 and sum(out.stats["accepted_per_position"]) > 10
+        ctx = spec._capturing.ctx if spec._capturing is not None else llm._ctx.ctx
+        mem = llama_cpp.llama_get_memory(ctx)
+        text = prompt + out.tokens
+        # every committed token but the last (the next anchor) is in the cache
+        assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == len(text) - 2
+        assert llama_cpp.llama_memory_seq_pos_min(mem, 0) == 0
+        for b in range(1, BUDGET + 1):
+            assert llama_cpp.llama_memory_seq_pos_max(mem, b) == -1, b
+        # the sequence's saved state holds its cells: as many as a context that decoded the text alone
+        state_bytes = llama_cpp.llama_state_seq_get_size(ctx, 0)
+        n_vocab = llm.n_vocab()
+        batch = llama_cpp.llama_batch_get_one((llama_cpp.llama_token * 1)(text[-1]), 1)
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+        got = _logits(ctx, -1, n_vocab)
+        # the drafter holds committed rows only: never more than the target's cache
+        assert spec.drafter is not None and spec.drafter.n_cached <= len(text) - 1
+    ref, _ = load_target(pair[0], n_ctx=N_CTX, n_threads=1, lazy_head=False, flash_attn=True)
+    ref.eval(text[:-1])
+    assert llama_cpp.llama_state_seq_get_size(ref._ctx.ctx, 0) == state_bytes
+    ref.eval(text[-1:])
+    want = _logits(ref._ctx.ctx, -1, n_vocab)
+    ref.close()
+    if exact:
+        np.testing.assert_array_equal(got, want)
+    else:
+        # the tree's batched rows round differently from a prefill's on the stock build: by as much
+        # as batches of 8 against batch-1 decoding, 1.64 at most (tests/lossless.py), x 2 safety
+        assert np.max(np.abs(got - want)) < 2 * 1.64, np.max(np.abs(got - want))
+
+
+def test_server_slots_verify_their_own_trees(pair, llm) -> None:
+    """The server's engine, 3 slots decoding at once, each its own tree in the shared decode; then
+    3 more requests on the same slots (their caches reused after tree steps)."""
+    from pydflash2.server.engine import BatchEngine
+
+    prompts = _eval_prompts(6)
+    with Speculator(llm, None, n_max=0) as spec:
+        ids = [spec.tokenize_prompt(p) for p in prompts]
+    vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
+    engine = BatchEngine(pair[0], pair[1], n_slots=3, n_ctx=512, n_threads=1, n_max=7, tree_budget=8)
+    got: list[list[int]] = []
+    accepted = 0
+    try:
+        for first in (0, 3):
+            outs: dict[int, list[int]] = {}
+            for slot in range(3):
+                engine.start(slot, ids[first + slot], max_tokens=N_TOKENS)
+                outs[slot] = []
+            while any(len(o) < N_TOKENS and not (o and llama_cpp.llama_vocab_is_eog(vocab, o[-1]))
+                      for o in outs.values()):
+                for slot, committed in enumerate(engine.step()):
+                    assert committed is not None
+                    outs[slot] += committed
+            for slot in range(3):
+                accepted += sum(engine.slot_stats(slot)["accepted_per_position"])
+                engine.stop(slot)
+                out = outs[slot]
+                eog = next((i for i, t in enumerate(out) if llama_cpp.llama_vocab_is_eog(vocab, t)), None)
+                got.append(out[:eog][:N_TOKENS])
+    finally:
+        engine.close()
+    # near-ties allowed on every build: the slots share one unified cache, where one slot's new rows
+    # may take cells freed below another slot's committed ones, and the key order then differs
+    for p, toks, out in zip(prompts, ids, got, strict=True):
+        check_greedy(out, plain_greedy(llm, toks, N_TOKENS), exact=False, delta=DELTA_SMOLLM2, what=p)
+    assert accepted > 10
+
+
+def test_tree_needs_a_unified_context_and_a_dflash2_drafter(pair, tmp_path) -> None:
+    plain_llm = llama_cpp.Llama(pair[0], n_ctx=256, n_threads=1, verbose=False)
+    with pytest.raises(ValueError, match="unified KV cache"):
+        Speculator(plain_llm, pair[1], n_max=7, tree_budget=4)
+    for bad in (-1, 256, 2.5, True):
+        with pytest.raises(ValueError, match="tree_budget"):
+            Speculator(plain_llm, pair[1], n_max=7, tree_budget=bad)  # type: ignore[arg-type]
+    plain_llm.close()
+    llm, _ = load_target(pair[0], n_ctx=256, n_threads=1, tree_budget=2)
+    with pytest.raises(GenerationError, match="this one has 3"):  # a context made for 2 nodes, asked for 8
+        llm.context_params.n_seq_max = 1 + 8  # as if made for 8: the native side checks the real context
+        Speculator(llm, pair[1], n_max=7, tree_budget=8)
+    llm.close()
