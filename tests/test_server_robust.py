@@ -72,6 +72,22 @@ def server(models: dict[str, Path], workdir: Path, trigger: Path):
 
 
 @pytest.fixture(scope="module")
+def fault_trigger(workdir: Path) -> Path:
+    return workdir / "fault-trigger-2"
+
+
+@pytest.fixture(scope="module")
+def fault_server(models: dict[str, Path], workdir: Path, fault_trigger: Path):
+    """Fault injection without the short request timeout: a request that waits out a recovery, or a
+    pair of them that must both be decoding when a fault hits, would otherwise race the 1.5 s
+    deadline on a loaded machine (its answer cut short, correctly, by --timeout)."""
+    s = ServerProcess(base_args(models), workdir,
+                      env={"PYDFLASH2_API_KEY": KEY, "PYDFLASH2_FAULT_INJECT": str(fault_trigger)})
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
 def llm(models: dict[str, Path]) -> llama_cpp.Llama:
     return llama_cpp.Llama(str(models["target"]), n_ctx=N_CTX, n_batch=512, verbose=False)  # as a slot
 
@@ -286,8 +302,10 @@ def health(server: ServerProcess) -> httpx.Response:
     return httpx.get(server.url + "/health", timeout=10)
 
 
-def test_step_fault_fails_only_its_requests_and_the_engine_recovers(server: ServerProcess, trigger: Path,
+def test_step_fault_fails_only_its_requests_and_the_engine_recovers(fault_server: ServerProcess,
+                                                                     fault_trigger: Path,
                                                                      llm: llama_cpp.Llama) -> None:
+    server, trigger = fault_server, fault_trigger
     prompts = ["Once upon a time", "The answer is", "Water boils at"]
     before = [post(server, {"prompt": p, "max_tokens": 24, "temperature": 0, "return_token_ids": True}).json()
               for p in prompts]
@@ -331,7 +349,8 @@ def test_step_fault_fails_only_its_requests_and_the_engine_recovers(server: Serv
     assert "pydflash2:engine_recoveries_total 1.0" in m
 
 
-def test_slot_fault_fails_only_that_slot(server: ServerProcess, trigger: Path) -> None:
+def test_slot_fault_fails_only_that_slot(fault_server: ServerProcess, fault_trigger: Path) -> None:
+    server, trigger = fault_server, fault_trigger
     with ThreadPoolExecutor(2) as pool:
         def ask(prompt: str) -> httpx.Response:
             return post(server, {"prompt": prompt, "max_tokens": 400, "temperature": 0})
