@@ -17,7 +17,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import pytest
-from lossless import DELTA_SMOLLM2, check_greedy, plain_greedy
+from lossless import DELTA_SMOLLM2, check_greedy, plain_greedy, plain_greedy_chain
 from scipy.stats import chi2_contingency
 
 from pydflash2 import exactness
@@ -79,6 +79,30 @@ def test_greedy_tree_is_plain_greedy(pair, llm, exact) -> None:
         print(f"tree budget {budget}: tau {committed / steps:.2f}, {accepted} drafts accepted")
         assert accepted > 50  # paths of the tree were committed, not only the anchors' bonus tokens
     print(f"{parted} of {2 * len(prompts)} runs left plain decoding at a near-tie (stock build only)")
+
+
+CHAIN_SETTINGS = {
+    "grammar": dict(grammar=r'''root ::= "[" ws item ("," ws item)* "]"
+item ::= "\"" [a-z ]+ "\""
+ws ::= [ \n]*'''),
+    "penalties": dict(repeat_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.6),
+    "logit_bias": dict(logit_bias={28: -100.0, 30: 2.5}),
+}
+
+
+@pytest.mark.parametrize("name", list(CHAIN_SETTINGS))
+def test_sampler_chain_follows_the_committed_tree_path(pair, llm, exact, name) -> None:
+    """Grammar, penalties and logit bias see the path the tree verify commits: greedy equals plain
+    greedy decoding with the same chain; logprobs come for every committed token."""
+    settings = CHAIN_SETTINGS[name]
+    prompts = ["List three colors.", "Describe a cat in one sentence."]
+    with Speculator(llm, pair[1], n_max=7, tree_budget=8) as spec:
+        for p in prompts:
+            ids = spec.tokenize_prompt(p)
+            want = plain_greedy_chain(llm, ids, 20, **settings)
+            out = spec.generate(p, max_tokens=20, logprobs=2, **settings)
+            check_greedy(out.tokens, want, exact=exact, delta=DELTA_SMOLLM2, what=(name, p))
+            assert out.logprobs is not None and [lp.token for lp in out.logprobs] == out.tokens
 
 
 def _p_value(a_runs: list[tuple[int, ...]], b_runs: list[tuple[int, ...]], pos: int) -> float:
