@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import llama_cpp
 import numpy as np
+from scipy.stats import chi2_contingency
 
 SAFETY = 2.0
 DELTA_SMOLLM2 = SAFETY * 0.511
@@ -152,3 +153,17 @@ def plain_greedy_chain(llm: llama_cpp.Llama, prompt: list[int], n: int, *, gramm
         llama_cpp.llama_sampler_free(chain)
         llm.reset()
     return PlainRun(tokens, margins)
+
+
+def chi_square_p(a_runs: list[tuple[int, ...]], b_runs: list[tuple[int, ...]], pos: int) -> float:
+    """p-value of a chi-square test that the tokens at `pos` of two sets of runs follow one law
+    (tokens seen fewer than 10 times pooled into one category)."""
+    a = [r[pos] for r in a_runs if len(r) > pos]
+    b = [r[pos] for r in b_runs if len(r) > pos]
+    cats = sorted(set(a) | set(b))
+    table = np.array([[a.count(c) for c in cats], [b.count(c) for c in cats]])
+    keep = table.sum(axis=0) >= 10
+    table = np.column_stack([table[:, keep], table[:, ~keep].sum(axis=1)]) if (~keep).any() else table
+    table = table[:, table.sum(axis=0) > 0]
+    assert table.shape[1] >= 2, table
+    return float(chi2_contingency(table)[1])

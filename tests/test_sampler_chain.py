@@ -12,11 +12,9 @@ from __future__ import annotations
 import json
 
 import llama_cpp
-import numpy as np
 import pytest
 from llama_cpp.llama_grammar import json_schema_to_gbnf
-from lossless import DELTA_SMOLLM2, check_greedy, plain_greedy_chain
-from scipy.stats import chi2_contingency
+from lossless import DELTA_SMOLLM2, check_greedy, chi_square_p, plain_greedy_chain
 
 from pydflash2 import exactness
 from pydflash2.models import default_drafter, default_target
@@ -113,18 +111,6 @@ def _first_tokens(sample, n_runs: int) -> list[tuple[int, ...]]:
     return [tuple(sample(seed)[1:3]) for seed in range(n_runs)]
 
 
-def _p_value(a_runs: list[tuple[int, ...]], b_runs: list[tuple[int, ...]], pos: int) -> float:
-    a = [r[pos] for r in a_runs if len(r) > pos]
-    b = [r[pos] for r in b_runs if len(r) > pos]
-    cats = sorted(set(a) | set(b))
-    table = np.array([[a.count(c) for c in cats], [b.count(c) for c in cats]])
-    keep = table.sum(axis=0) >= 10
-    table = np.column_stack([table[:, keep], table[:, ~keep].sum(axis=1)]) if (~keep).any() else table
-    table = table[:, table.sum(axis=0) > 0]
-    assert table.shape[1] >= 2, table
-    return float(chi2_contingency(table)[1])
-
-
 SAMPLING = {
     # a raw prompt in the middle of a repetition: plain sampling repeats the first token, so the
     # penalties (which see the generated tokens only, as in llama-cpp-python) change tokens 2 and 3
@@ -170,8 +156,8 @@ def test_sampling_with_the_chain_follows_llama_cpp_python(smollm2, prompts, name
     with_chain = _first_tokens(lambda s: plain(s, settings), n_runs)
     without = _first_tokens(lambda s: plain(s, {}), n_runs)
     print(f"{name}: drafts accepted {accepted} of {drafted} reached ({accepted / max(drafted, 1):.2f})")
-    p_same = [_p_value(ours, with_chain, pos) for pos in (0, 1)]
-    p_other = [_p_value(ours, without, pos) for pos in (0, 1)]
+    p_same = [chi_square_p(ours, with_chain, pos) for pos in (0, 1)]
+    p_other = [chi_square_p(ours, without, pos) for pos in (0, 1)]
     print(f"{name}: p-values against the same chain {p_same}, against the chain without {name} {p_other}")
     assert min(p_same) > 0.001, p_same
     assert min(p_other) < 0.001, p_other  # the test can see a chain that skips them

@@ -17,8 +17,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import pytest
-from lossless import DELTA_SMOLLM2, check_greedy, plain_greedy, plain_greedy_chain
-from scipy.stats import chi2_contingency
+from lossless import DELTA_SMOLLM2, check_greedy, chi_square_p, plain_greedy, plain_greedy_chain
 
 from pydflash2 import exactness
 from pydflash2.models import default_drafter, default_target
@@ -105,18 +104,6 @@ def test_sampler_chain_follows_the_committed_tree_path(pair, llm, exact, name) -
             assert out.logprobs is not None and [lp.token for lp in out.logprobs] == out.tokens
 
 
-def _p_value(a_runs: list[tuple[int, ...]], b_runs: list[tuple[int, ...]], pos: int) -> float:
-    a = [r[pos] for r in a_runs if len(r) > pos]
-    b = [r[pos] for r in b_runs if len(r) > pos]
-    cats = sorted(set(a) | set(b))
-    table = np.array([[a.count(c) for c in cats], [b.count(c) for c in cats]])
-    keep = table.sum(axis=0) >= 10
-    table = np.column_stack([table[:, keep], table[:, ~keep].sum(axis=1)]) if (~keep).any() else table
-    table = table[:, table.sum(axis=0) > 0]
-    assert table.shape[1] >= 2, table
-    return float(chi2_contingency(table)[1])
-
-
 @pytest.mark.parametrize("temperature, top_p, other", [(1.0, 1.0, 0.6), (0.7, 0.9, 1.2)])
 def test_sampling_with_a_tree_follows_llama_cpp_python(pair, llm, temperature, top_p, other) -> None:
     """Tokens 2 and 3 (the first a tree verify commits) over 250 seeds against llama-cpp-python's
@@ -148,8 +135,8 @@ def test_sampling_with_a_tree_follows_llama_cpp_python(pair, llm, temperature, t
             accepted += sum(out.stats["accepted_per_position"])
     same = [plain(s, temperature) for s in range(n_runs)]
     different = [plain(s, other) for s in range(n_runs)]
-    p_same = [_p_value(ours, same, pos) for pos in (0, 1)]
-    p_other = [_p_value(ours, different, pos) for pos in (0, 1)]
+    p_same = [chi_square_p(ours, same, pos) for pos in (0, 1)]
+    p_other = [chi_square_p(ours, different, pos) for pos in (0, 1)]
     print(f"T={temperature} top_p={top_p}: tree depths accepted {accepted} of {drafted} reached "
           f"({accepted / max(drafted, 1):.2f}); p-values against the same law {p_same}, against T={other} {p_other}")
     assert min(p_same) > 0.001, p_same

@@ -880,22 +880,29 @@ void BatchEngine::finish_decode(int idx, Slot & s, std::vector<int32_t> & counts
     st.n_steps += 1;
     st.n_max_used[static_cast<size_t>(n)] += 1;
     if (n > 0) {
-        st.n_spec_steps += 1;
-        for (int j = 0; j < n && j <= k; ++j) {
-            st.drafted[static_cast<size_t>(j)] += 1;  // the block reached position j+1
-            st.accepted[static_cast<size_t>(j)] += j < k ? 1 : 0;
-        }
-        stats_.n_drafts += 1;
-        stats_.n_draft_tokens += n;
-        stats_.n_accepted += k;
-        for (int j = 0; j < k; ++j) {
-            stats_.accepted_per_pos[static_cast<size_t>(j)] += 1;
-        }
-        s.policy.observe(n, k);
-        shared_policy_.observe(n, k);
+        record_drafted_step(s, n, n, k);
     }
     s.pos += k + 1;
     s.anchor = v.next;
+}
+
+// A verified step that drafted: per block position (tree depth) 1..depth, whether the verify
+// reached it and accepted its draft; n_drafted rows were drafted (a chain's n, a tree's nodes).
+void BatchEngine::record_drafted_step(Slot & s, int depth, int n_drafted, int k) {
+    SlotStats & st = s.stats;
+    st.n_spec_steps += 1;
+    for (int j = 0; j < depth && j <= k; ++j) {
+        st.drafted[static_cast<size_t>(j)] += 1;  // the verify reached position j+1
+        st.accepted[static_cast<size_t>(j)] += j < k ? 1 : 0;
+    }
+    stats_.n_drafts += 1;
+    stats_.n_draft_tokens += n_drafted;
+    stats_.n_accepted += k;
+    for (int j = 0; j < k; ++j) {
+        stats_.accepted_per_pos[static_cast<size_t>(j)] += 1;
+    }
+    s.policy.observe(depth, k);
+    shared_policy_.observe(depth, k);
 }
 
 // The verify of a tree: from the anchor's row, the target chooses its next token after its
@@ -977,21 +984,9 @@ void BatchEngine::finish_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
     SlotStats & st = s.stats;
     st.n_generated += k + 1;
     st.n_steps += 1;
-    st.n_spec_steps += 1;
     const int depth = *std::max_element(t.depth.begin(), t.depth.end());
     st.n_max_used[static_cast<size_t>(std::min(depth, max_draft_))] += 1;
-    for (int j = 0; j < depth && j <= k; ++j) {
-        st.drafted[static_cast<size_t>(j)] += 1;  // the verify reached depth j+1
-        st.accepted[static_cast<size_t>(j)] += j < k ? 1 : 0;
-    }
-    stats_.n_drafts += 1;
-    stats_.n_draft_tokens += n;
-    stats_.n_accepted += k;
-    for (int j = 0; j < k; ++j) {
-        stats_.accepted_per_pos[static_cast<size_t>(j)] += 1;
-    }
-    s.policy.observe(depth, k);
-    shared_policy_.observe(depth, k);
+    record_drafted_step(s, depth, n, k);
     s.pos += k + 1;
     s.anchor = next;
     s.tree_step = false;

@@ -220,6 +220,7 @@ class BatchEngine {
     void init(const std::vector<Drafter *> & drafters, bool has_head);
     void finish_decode(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     void finish_tree(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
+    void record_drafted_step(Slot & s, int depth, int n_drafted, int k);
     void finish_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     void record_logprob(Slot & s, const float * logits, llama_token token);
     Slot & slot_at(int slot);
