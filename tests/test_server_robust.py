@@ -120,6 +120,13 @@ def wait_until(predicate, timeout: float = 30.0, what: str = "") -> None:
         time.sleep(0.02)
 
 
+def fire(trigger: Path, order: str) -> None:
+    """Write a fault order whole (the scheduler looks before every step, faster than a write)."""
+    part = trigger.with_suffix(".part")
+    part.write_text(order + "\n")
+    part.rename(trigger)
+
+
 def good_request_works(server: ServerProcess) -> None:
     r = post(server, {"prompt": "Hello", "max_tokens": 4, "temperature": 0})
     assert r.status_code == 200, r.text
@@ -321,7 +328,7 @@ def test_step_fault_fails_only_its_requests_and_the_engine_recovers(fault_server
         streams = [pool.submit(stream, p) for p in prompts[:2]]
         wait_until(lambda: sum(s["state"] == "generating" for s in httpx.get(
             server.url + "/slots", headers=AUTH, timeout=10).json()) == 2, what="two busy slots")
-        trigger.write_text("step 1.5")
+        fire(trigger, "step 1.5")
         wait_until(lambda: health(server).json()["status"] == "degraded", what="degraded")
         statuses.append("degraded")
         # a request arriving while the engine recovers waits, and is served after
@@ -358,7 +365,7 @@ def test_slot_fault_fails_only_that_slot(fault_server: ServerProcess, fault_trig
         futures = [pool.submit(ask, p) for p in ("Once upon a time", "The answer is")]
         wait_until(lambda: sum(s["state"] == "generating" for s in httpx.get(
             server.url + "/slots", headers=AUTH, timeout=10).json()) == 2, what="two busy slots")
-        trigger.write_text("slot 1")
+        fire(trigger, "slot 1")
         answers = [f.result() for f in futures]
     codes = sorted(r.status_code for r in answers)
     assert codes == [200, 500], [r.text for r in answers]
@@ -370,7 +377,7 @@ def test_slot_fault_fails_only_that_slot(fault_server: ServerProcess, fault_trig
 def test_stall_watchdog_turns_health_503(server: ServerProcess, trigger: Path) -> None:
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(post, server, {"prompt": "Hello", "max_tokens": 8, "temperature": 0})
-        trigger.write_text("stall 3")
+        fire(trigger, "stall 3")
         wait_until(lambda: health(server).status_code == 503, what="503 stalled")
         assert health(server).json()["status"] == "stalled"
         assert answer.result().status_code == 200

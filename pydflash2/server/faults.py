@@ -2,7 +2,9 @@
 PYDFLASH2_FAULT_INJECT names a trigger file.
 
 Each time the scheduler is about to step the engine it looks for that file;
-when present, the file is consumed (deleted) and its one line says what to do:
+when present and complete (one line ending in a newline: a writer's half-written
+file is left for the next step), the file is consumed (deleted) and its line says
+what to do:
 
     step [HOLD_S]   the engine step raises, as a native error would (every request
                     of that step fails; the engine recovers, and waits HOLD_S
@@ -47,10 +49,13 @@ class FaultInjector:
 
     def before_step(self) -> None:
         try:
-            order = self.trigger.read_text().split()
+            text = self.trigger.read_text()
+            if not text.endswith("\n"):  # still being written: steps come faster than a write
+                return
             self.trigger.unlink()
         except FileNotFoundError:
             return
+        order = text.split()
         log.warning("injected fault: %s", " ".join(order))
         kind, arg = (order + ["", ""])[:2]
         if kind == "step":
