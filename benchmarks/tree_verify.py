@@ -1,8 +1,11 @@
 """Tree verification against the chain, measured with the real engine on the real target and drafter.
 
 For every temperature, the same prompts run through Speculators over one target: plain decoding, the
-chain (the greedy walk's n_max drafts, today's verify) and trees of B drafted nodes (--tree-budget),
-each prompt in turns over the configurations so that machine noise hits all alike. Per configuration:
+chain (the greedy walk's n_max drafts, today's verify), trees of B drafted nodes (--tree-budget), the
+automatic choices (n_max auto, and tree_budget auto: each step the chain or a tree, whichever the
+measured costs price faster; once more with every verify row priced as the first, what a GPU's costs
+would make it choose), each prompt in turns over the configurations so that machine noise hits all
+alike. Per configuration:
 
 - tau: committed tokens per target forward (the engine's counts; the first token, from the prompt's
   forward, left out). Where verify rows cost about as much as one row (a GPU at these sizes), tau is
@@ -24,6 +27,7 @@ import statistics
 from pathlib import Path
 
 from pydflash2.bench import PHASE_COLUMNS
+from pydflash2.draft_decision import explain_tree_auto
 from pydflash2.models import default_drafter, default_target
 from pydflash2.speculator import Speculator, load_target
 from pydflash2.train.prompts import read_prompts
@@ -55,6 +59,11 @@ def main() -> int:
                                     "chain": Speculator(llm, draft, n_max=args.n_max)}
     for b in budgets:
         specs[f"tree {b}"] = Speculator(llm, draft, n_max=args.n_max, tree_budget=b)
+    specs["chain auto"] = Speculator(llm, draft, n_max="auto")
+    specs["tree auto"] = Speculator(llm, draft, n_max="auto", tree_budget="auto")
+    specs["tree auto, rows free"] = free = Speculator(llm, draft, n_max="auto", tree_budget="auto")
+    assert free.costs is not None  # a GPU's verify: every row count costs what one row costs here
+    free.set_costs([free.costs["verify_s"][0]] * free.max_verify_rows, free.costs["draft_s"])
     print(f"{len(prompts)} chat prompts x {args.max_tokens} tokens, n_max {args.n_max}, {args.threads} thread(s), "
           f"flash attention on, n_ctx {args.n_ctx}, batch-invariant here: {bool(inv)}; load average "
           f"{os.getloadavg()[0]:.1f} before")
@@ -91,6 +100,11 @@ def main() -> int:
         print("\nms per step: " + " | ".join(PHASE_COLUMNS))
         for name, r in summary.items():
             print(f"  {name:9s} " + " | ".join(f"{r['phases'][k]:.1f}" for k in PHASE_COLUMNS))
+        for name in ("tree auto", "tree auto, rows free"):
+            stats = runs[name]
+            n_steps, n_trees = sum(s["n_steps"] for s in stats), sum(s["n_tree_steps"] for s in stats)
+            print(f"{name}: " + (explain_tree_auto({**stats[-1], "n_steps": n_steps, "n_tree_steps": n_trees})
+                                 or ""))
     for spec in specs.values():
         spec.close()
     return 0

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from .cpu_hog import CpuHogs
-from .draft_decision import explain_run
+from .draft_decision import explain_run, explain_tree_auto
+from .draft_tree import tree_budget_spec
 
 DEFAULT_PROMPTS = [
     "Write a short story about a robot learning to paint.",
@@ -50,7 +51,7 @@ class BenchConfig:
     out_dir: Path = field(default_factory=lambda: Path("bench_out"))
     exact: bool = False  # refuse unless greedy output is bit-identical to plain decoding
     cpu_hog: int = 0  # > 0: every prompt also runs beside this many busy processes (contention)
-    tree_budgets: list[int] = field(default_factory=lambda: [0])  # > 0: tree verification (every drafting n_max)
+    tree_budgets: list[int | str] = field(default_factory=lambda: [0])  # > 0: tree verification (every drafting n_max)
 
 
 def run_bench(cfg: BenchConfig) -> int:
@@ -69,11 +70,11 @@ def run_bench(cfg: BenchConfig) -> int:
         from .devices import add_rpc_servers
 
         add_rpc_servers(cfg.rpc_servers)  # before the target loads: it may offload to them
-    trees = sorted(set(cfg.tree_budgets) | {0}) if cfg.draft else [0]
+    trees = [0, *dict.fromkeys(t for t in cfg.tree_budgets if t != 0)] if cfg.draft else [0]
     llm, _ = load_target(cfg.model, n_ctx=cfg.n_ctx, n_threads=cfg.n_threads, exact=cfg.exact,
-                         n_gpu_layers=cfg.n_gpu_layers, tree_budget=max(trees))
+                         n_gpu_layers=cfg.n_gpu_layers, tree_budget=max(tree_budget_spec(t)[0] for t in trees))
     # a configuration: (n_max, selector, tree budget); plain decoding has neither selector nor tree
-    specs: dict[tuple[Any, str, int], Speculator] = {}
+    specs: dict[tuple[Any, str, int | str], Speculator] = {}
     for n_max, selector, tree in itertools.product(n_maxes, selectors, trees):
         key = (n_max, "-", 0) if n_max == 0 else (n_max, selector, tree)
         if key not in specs:
@@ -122,7 +123,11 @@ def run_bench(cfg: BenchConfig) -> int:
             "accepted_per_position": [int(x) for x in accepted],
             "acceptance_per_position": [float(a) / d if d else None for a, d in zip(accepted, drafted, strict=True)],
         })
-        if n_max == "auto" and not tree:  # what auto decided over these runs, and why
+        if tree == "auto":  # the share of steps that verified a tree, and the model's latest view
+            results[-1]["tree_steps"] = sum(s["n_tree_steps"] for s in stats)
+            results[-1]["auto_decision"] = explain_tree_auto({**stats[-1], "n_steps": steps,
+                                                              "n_tree_steps": results[-1]["tree_steps"]})
+        elif n_max == "auto" and not tree:  # what auto decided over these runs, and why
             results[-1]["auto_decision"] = explain_run(costs[(n_max, sel, tree)], results[-1])
     for r in results:
         base = next(b for b in results if b["n_max"] == 0 and b["temperature"] == r["temperature"]

@@ -30,7 +30,7 @@ def _file_id(path: str | os.PathLike[str]) -> str:
 
 
 def cost_key(model_path: str, draft_path: str, device: str, n_threads: int, max_draft: int,
-             lazy_head: bool = False) -> str:
+             lazy_head: bool = False, max_verify_rows: int | None = None) -> str:
     """What the costs depend on: both files, the drafter's device, threads, draft length, whether
     the verify runs the LM head lazily (Speculator), and the machine."""
     parts = [
@@ -45,6 +45,8 @@ def cost_key(model_path: str, draft_path: str, device: str, n_threads: int, max_
     ]
     if lazy_head:
         parts.append("lazy-head")
+    if max_verify_rows is not None and max_verify_rows != max_draft + 1:
+        parts.append(f"verify-rows-{max_verify_rows}")  # an automatic tree's larger verifies
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 
@@ -62,8 +64,9 @@ def machine_oversubscribed() -> bool:
         return False
 
 
-def load_or_measure(key: str, max_draft: int, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """The cached costs under `key`, or `measure()` (stored there unless the machine was oversubscribed)."""
+def load_or_measure(key: str, n_verify: int, n_draft: int, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The cached costs under `key` (n_verify verify costs, n_draft draft costs), or `measure()`
+    (stored there unless the machine was oversubscribed)."""
     path = cache_dir() / "costs.json"
     table: dict[str, Any] = {}
     if path.exists():
@@ -74,8 +77,8 @@ def load_or_measure(key: str, max_draft: int, measure: Callable[[], dict[str, An
     entry = table.get(key)
     if (
         entry
-        and len(entry.get("verify_s", [])) == max_draft + 1
-        and len(entry.get("draft_s", [])) == max_draft
+        and len(entry.get("verify_s", [])) == n_verify
+        and len(entry.get("draft_s", [])) == n_draft
     ):
         return entry
     entry = measure()

@@ -1,4 +1,5 @@
-"""Why n_max="auto" drafts what it drafts, in one sentence a person can read.
+"""Why n_max="auto" drafts what it drafts (and tree_budget="auto" verifies what it verifies), in
+one sentence a person can read.
 
 The engines pick the draft count n that maximises expected committed tokens per second from the
 measured verify costs (a target decode of 1..n_max+1 rows), the drafter's cost, and a running
@@ -95,3 +96,23 @@ def explain_run(costs: Mapping[str, Sequence[float]] | None, stats: Mapping[str,
     n_max = len(costs["draft_s"])
     acceptance = acceptance_estimate(list(drafted)[:n_max], list(accepted)[:n_max])
     return decide(costs["verify_s"], costs["draft_s"], acceptance).message()
+
+
+def explain_tree_auto(stats: Mapping[str, Any]) -> str | None:
+    """What tree_budget="auto" did in a run (its steps that verified a tree) and what its cost model
+    weighs now, from a Speculator's stats (None without an automatic tree budget)."""
+    model = stats.get("tree_auto")
+    if not model:
+        return None
+    steps, trees = int(stats["n_steps"]), int(stats.get("n_tree_steps", 0))
+    head = (f"auto tree: {trees} of {steps} steps verified a tree (up to {model['max_budget']} nodes; "
+            f"{model['probes']} probes over the engine's life)")
+    if "tree_rate" not in model:
+        return head + "."
+    b, n = int(model["best_budget"]), int(model["chain_n"])
+    chain = "plain decoding" if n == 0 else f"the chain of {n} draft{'s' if n > 1 else ''}"
+    verdict = "a tree" if model["tree_rate"] > max(model["chain_rate"], model["plain_rate"]) else chain
+    return (f"{head}. Now the model prices a tree of {b} nodes at tau {model['tree_expected_tokens']:.2f}, "
+            f"{model['tree_rate']:.1f} tok/s, against {chain} at tau {model['chain_expected_tokens']:.2f}, "
+            f"{model['chain_rate']:.1f} tok/s" + (f" (plain {model['plain_rate']:.1f} tok/s)" if n else "") +
+            f": {verdict} next.")

@@ -20,6 +20,20 @@ import numpy as np
 from . import _native
 from ._native import ffi, lib
 
+# The largest tree tree_budget="auto" may choose: the cost model prices verifies of up to 33 rows
+# (measured once per machine, pydflash2.draft_costs); a GPU can afford a tree that size.
+AUTO_TREE_BUDGET = 32
+
+
+def tree_budget_spec(value: int | str) -> tuple[int, bool]:
+    """(largest tree, automatic) for a tree_budget argument: an int in 0..255 (0 = the chain) or
+    "auto" (each step's budget from the cost model: native/src/engine/tree_budget.h)."""
+    if value == "auto":
+        return AUTO_TREE_BUDGET, True
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 255:
+        raise ValueError(f"tree_budget must be 'auto' or an int in 0..255 (0 = the chain), got {value!r}")
+    return value, False
+
 
 class DraftTreeError(_native.NativeError):
     """A lattice or budget the tree builder refuses."""

@@ -31,6 +31,7 @@ from . import capture as feature_capture
 from ._native import ffi, lib
 from .chat_template import chat_prompt_tokens
 from .cpu_threads import default_threads
+from .draft_tree import tree_budget_spec
 from .drafter import Drafter
 from .exactness import ExactnessUnavailable
 from .sampling import SamplingRequest, TokenLogprob, step_logprobs
@@ -102,7 +103,12 @@ class Speculator:
     longest path the target's own choices follow (lossless, as the chain). n_max is
     then the tree's depth ("auto": the drafter's block). The target context needs a
     unified KV cache and 1 + tree_budget sequences: a target given as a path gets
-    one; for a Llama of your own, load it with load_target(..., tree_budget=N)."""
+    one; for a Llama of your own, load it with load_target(..., tree_budget=N).
+    tree_budget="auto": each step verifies the chain, or a tree of up to
+    draft_tree.AUTO_TREE_BUDGET nodes at the block's full depth, whichever the cost
+    model prices faster (measured verify costs up to that many rows, the chain's
+    acceptance, and the tree's path probabilities calibrated against its verifies);
+    stats["tree_auto"] says what it chose."""
 
     def __init__(
         self,
@@ -121,10 +127,9 @@ class Speculator:
         flash_attn: bool | None = None,
         capture: str = "auto",
         lazy_head: bool = True,
-        tree_budget: int = 0,
+        tree_budget: int | str = 0,
     ) -> None:
-        if not isinstance(tree_budget, int) or isinstance(tree_budget, bool) or not 0 <= tree_budget <= 255:
-            raise ValueError(f"tree_budget must be an int in 0..255 (0 = the chain), got {tree_budget!r}")
+        tree_nodes, tree_auto = tree_budget_spec(tree_budget)
         if selector not in SELECTORS:
             raise ValueError(f"selector must be one of {sorted(SELECTORS)}, got {selector!r}")
         if n_max != "auto" and (not isinstance(n_max, int) or n_max < 0):
@@ -148,10 +153,15 @@ class Speculator:
             self.llm, self.invariance = load_target(path, n_ctx=n_ctx, n_threads=n_threads, verbose=verbose,
                                                     exact=exact, flash_attn=flash_attn,
                                                     n_gpu_layers=n_gpu_layers, lazy_head=lazy_head,
-                                                    tree_budget=tree_budget if draft is not None else 0)
+                                                    tree_budget=tree_nodes if draft is not None else 0)
         self.exact = exact
         self.n_max = n_max
-        self.tree_budget = tree_budget if draft is not None and n_max != 0 else 0
+        #: the largest tree a step verifies (0: the chain); with tree_auto, each step's is chosen
+        self.tree_budget = tree_nodes if draft is not None and n_max != 0 else 0
+        if tree_auto and not owns_llm and self.tree_budget:
+            # a Llama of your own: automatic trees up to what its context was made for (load_target)
+            self.tree_budget = min(self.tree_budget, max(1, int(self.llm.context_params.n_seq_max) - 1))
+        self.tree_auto = tree_auto and self.tree_budget > 0
         if self.tree_budget and not self.llm.context_params.kv_unified:
             raise ValueError("tree verification needs a target context with a unified KV cache and 1 + tree_budget "
                              "sequences: load the Llama with pydflash2.load_target(..., tree_budget=N)")
@@ -194,6 +204,8 @@ class Speculator:
         max_draft = -1
         if exact and self.invariance.max_batch is not None:
             max_draft = self.invariance.max_batch - 1  # larger verify batches take other matmul kernels (exactness.py)
+            if self.tree_auto:
+                self.tree_budget = min(self.tree_budget, max_draft)
             if self.tree_budget > max_draft:
                 raise ExactnessUnavailable(
                     f"exact mode keeps verify batches at most {self.invariance.max_batch} rows with this target "
@@ -204,12 +216,12 @@ class Speculator:
             self._capturing.capture.handle if self._capturing is not None else ffi.NULL,
             head_capturing.capture.handle if self.lazy_head and head_capturing is not None else ffi.NULL,
             self.drafter._h if self.drafter is not None else ffi.NULL,
-            # a tree's depth: the drafter's block when auto (the engine caps it there)
-            (255 if self.tree_budget else -1) if n_max == "auto" else int(n_max),
+            # a fixed tree's depth: the drafter's block when auto (the engine caps it there)
+            (255 if self.tree_budget and not self.tree_auto else -1) if n_max == "auto" else int(n_max),
             max_draft,
             SELECTORS[selector],
             16,
-            self.tree_budget,
+            -self.tree_budget if self.tree_auto else self.tree_budget,
         )
         if handle == ffi.NULL:
             raise GenerationError(_native.last_error())
@@ -225,13 +237,17 @@ class Speculator:
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
         self.costs: dict[str, list[float]] | None = None
-        if n_max == "auto" and self.drafter is not None and self.max_draft > 0 and not self.tree_budget:
+        self.max_verify_rows = int(lib.pdf2_batch_engine_max_verify_rows(self._engine))
+        adaptive = (n_max == "auto" and not self.tree_budget) or self.tree_auto
+        if adaptive and self.drafter is not None and self.max_draft > 0:
             assert self.draft_path is not None
             key = draft_costs.cost_key(self.llm.model_path, self.draft_path, self.drafter.device,
-                                       self.llm.context_params.n_threads, self.max_draft, self.lazy_head)
+                                       self.llm.context_params.n_threads, self.max_draft, self.lazy_head,
+                                       self.max_verify_rows)
             prompt = draft_costs.warmup_prompt(lambda b: self.llm.tokenize(b, add_bos=True, special=False),
-                                               self.llm.n_ctx(), self.max_draft)
-            self.costs = draft_costs.load_or_measure(key, self.max_draft, lambda: self.measure_costs(prompt))
+                                               self.llm.n_ctx(), self.max_verify_rows - 1)
+            self.costs = draft_costs.load_or_measure(key, self.max_verify_rows, self.max_draft,
+                                                     lambda: self.measure_costs(prompt))
             self.set_costs(self.costs["verify_s"], self.costs["draft_s"])
 
     def close(self) -> None:
@@ -301,9 +317,9 @@ class Speculator:
         )
 
     def measure_costs(self, prompt_tokens: Sequence[int], reps: int = 5) -> dict[str, list[float]]:
-        """Times target decodes of 1..max_draft+1 tokens and drafter blocks after prompt_tokens."""
+        """Times target decodes of 1..max_verify_rows tokens and drafter blocks after prompt_tokens."""
         self._begin(list(prompt_tokens), SamplingRequest())
-        v = np.zeros(self.max_draft + 1, dtype=np.float64)
+        v = np.zeros(self.max_verify_rows, dtype=np.float64)
         d = np.zeros(self.max_draft, dtype=np.float64)
         try:
             _check(
@@ -494,7 +510,8 @@ class Speculator:
             lazy_head_rows=int(e["lazy_head_rows"] - engine0["lazy_head_rows"]),
             drafter_graph_builds=int(e["drafter_graph_builds"] - engine0["drafter_graph_builds"]),
             n_max="auto" if self.n_max == "auto" else int(self.n_max),
-            tree_budget=self.tree_budget,
+            tree_budget="auto" if self.tree_auto else self.tree_budget,
+            tree_auto=e.get("tree_auto"),  # the automatic budget's model (engine-wide), else None
             n_max_mean=float(np.dot(np.arange(len(hist)), hist) / max(1, sum(hist))),
             completion_tokens=n_tokens,
             ttft_s=ttft,
@@ -520,7 +537,7 @@ def load_target(
     flash_attn: bool | None = None,
     n_gpu_layers: int = 0,
     lazy_head: bool = True,
-    tree_budget: int = 0,
+    tree_budget: int | str = 0,
 ) -> tuple[llama_cpp.Llama, exactness.Invariance]:
     """Loads a target GGUF the way the Speculator runs it, and says whether its
     forward is batch-invariant. exact=True checks the build first and raises
@@ -532,7 +549,9 @@ def load_target(
     (it costs nothing while unused), so that a Speculator on it runs the LM head
     only for the verify rows it reaches (see Speculator). tree_budget > 0: the
     context gets a unified KV cache and 1 + tree_budget sequences, what a
-    Speculator's tree verification of that many nodes decodes in."""
+    Speculator's tree verification of that many nodes decodes in ("auto": of
+    draft_tree.AUTO_TREE_BUDGET nodes)."""
+    tree_budget, _ = tree_budget_spec(tree_budget)
     flash_attn = exactness.flash_attn_for(n_ctx, exact, bool(tree_budget) if flash_attn is None else flash_attn)
     if exact:
         build = exactness.build_invariance()

@@ -100,6 +100,12 @@ def test_generate_with_a_tree_budget(tmp_path, target_gguf, drafter2_gguf) -> No
     assert t["tokens"] == c["tokens"]
     r = _run(*args, "--tree-budget", "6", cwd=tmp_path)
     assert r.returncode == 0 and "tree budget 6" in r.stderr and "acceptance per tree depth" in r.stderr, r.stderr
+    # auto: the chain or a tree each step, from the measured costs; it says what it did and weighs
+    auto = _run(*args, "--json", "--tree-budget", "auto", cwd=tmp_path)
+    assert auto.returncode == 0, auto.stderr
+    a = json.loads(auto.stdout)
+    assert a["stats"]["tree_budget"] == "auto" and a["tokens"] == c["tokens"]
+    assert a["auto_decision"].startswith("auto tree: ") and " steps verified a tree" in a["auto_decision"]
 
 
 def test_generate_streams_text_and_reports_to_stderr(tmp_path, target_gguf, drafter2_gguf) -> None:
@@ -193,12 +199,14 @@ def test_bench_runs_tree_budgets_beside_the_chain(tmp_path, target_gguf, drafter
     prompts.write_text("Once upon a time\n")
     out_dir = tmp_path / "bench"
     r = _run("bench", "--model", str(target_gguf), "--draft", str(drafter2_gguf), "--prompts", str(prompts),
-             "--n-max", "3", "--tree-budget", "0,6", "--max-tokens", "12", "--repeats", "1", "--raw",
+             "--n-max", "3", "--tree-budget", "0,6,auto", "--max-tokens", "12", "--repeats", "1", "--raw",
              "--n-ctx", "256", "--out", str(out_dir), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     results = json.loads((out_dir / "bench.json").read_text())["results"]
-    assert {(x["n_max"], x["tree_budget"]) for x in results} == {(0, 0), (3, 0), (3, 6)}
-    assert "tree=6" in r.stdout
+    assert {(x["n_max"], x["tree_budget"]) for x in results} == {(0, 0), (3, 0), (3, 6), (3, "auto")}
+    assert "tree=6" in r.stdout and "tree=auto" in r.stdout
+    auto = next(x for x in results if x["tree_budget"] == "auto")
+    assert auto["auto_decision"].startswith("auto tree: ") and 0 <= auto["tree_steps"]
 
 
 def _mistakes(tmp: Path, target: Path, drafter: Path) -> list[tuple[tuple[str, ...], str]]:

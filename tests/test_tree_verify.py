@@ -186,7 +186,40 @@ def test_tree_kv_holds_exactly_the_committed_tokens(pair, llm, exact) -> None:
         assert np.max(np.abs(got - want)) < 2 * 1.64, np.max(np.abs(got - want))
 
 
-def test_server_slots_verify_their_own_trees(pair, llm) -> None:
+def test_auto_tree_budget_follows_the_costs(pair, llm, exact) -> None:
+    """tree_budget="auto" prices every step from the costs: where verify rows cost nothing (a GPU's
+    case) it verifies trees in most steps; where each row costs as much as the first, plain decoding
+    wins and a tree is verified only as a probe. Greedy equals plain greedy either way."""
+    prompts = _eval_prompts(4)
+    with Speculator(llm, None, n_max=0) as spec:
+        ids = {p: spec.tokenize_prompt(p) for p in prompts}
+    plain = {p: plain_greedy(llm, ids[p], N_TOKENS) for p in prompts}
+    with Speculator(llm, pair[1], tree_budget="auto") as spec:
+        # up to what the context was made for (load_target's tree_budget), costs measured that far
+        assert spec.tree_budget == BUDGET and spec.tree_auto
+        assert spec.costs is not None and len(spec.costs["verify_s"]) == BUDGET + 1
+        free = [0.01] * (BUDGET + 1)
+        dear = [0.01 * (1 + b) for b in range(BUDGET + 1)]
+        for name, verify in (("free rows", free), ("dear rows", dear)):
+            spec.set_costs(verify, [0.0005] * spec.max_draft)
+            probes0 = spec.engine_stats()["tree_auto"]["probes"]
+            trees = steps = 0
+            for p in prompts:
+                out = spec.generate(p, max_tokens=N_TOKENS)
+                assert out.stats["tree_budget"] == "auto"
+                check_greedy(out.tokens, plain[p], exact=exact, delta=DELTA_SMOLLM2, what=(name, p))
+                trees += out.stats["n_tree_steps"]
+                steps += out.stats["n_steps"]
+            probes = spec.engine_stats()["tree_auto"]["probes"] - probes0
+            print(f"{name}: {trees} of {steps} steps verified a tree ({probes} probes)")
+            if name == "free rows":
+                assert trees > steps // 2
+            else:
+                assert trees == probes and probes <= 4
+
+
+@pytest.mark.parametrize("tree_budget", [8, "auto"])
+def test_server_slots_verify_their_own_trees(pair, llm, tree_budget) -> None:
     """The server's engine, 3 slots decoding at once, each its own tree in the shared decode; then
     3 more requests on the same slots (their caches reused after tree steps)."""
     from pydflash2.server.engine import BatchEngine
@@ -195,7 +228,9 @@ def test_server_slots_verify_their_own_trees(pair, llm) -> None:
     with Speculator(llm, None, n_max=0) as spec:
         ids = [spec.tokenize_prompt(p) for p in prompts]
     vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
-    engine = BatchEngine(pair[0], pair[1], n_slots=3, n_ctx=512, n_threads=1, n_max=7, tree_budget=8)
+    engine = BatchEngine(pair[0], pair[1], n_slots=3, n_ctx=512, n_threads=1, n_max=7, tree_budget=tree_budget)
+    if tree_budget == "auto":  # rows free, as on a GPU, so that the slots verify trees
+        engine.set_costs([0.01] * engine.max_verify_rows, [0.0005] * engine.max_draft)
     got: list[list[int]] = []
     accepted = 0
     try:
@@ -228,7 +263,7 @@ def test_tree_needs_a_unified_context_and_a_dflash2_drafter(pair, tmp_path) -> N
     plain_llm = llama_cpp.Llama(pair[0], n_ctx=256, n_threads=1, verbose=False)
     with pytest.raises(ValueError, match="unified KV cache"):
         Speculator(plain_llm, pair[1], n_max=7, tree_budget=4)
-    for bad in (-1, 256, 2.5, True):
+    for bad in (-1, 256, 2.5, True, "big"):
         with pytest.raises(ValueError, match="tree_budget"):
             Speculator(plain_llm, pair[1], n_max=7, tree_budget=bad)  # type: ignore[arg-type]
     plain_llm.close()

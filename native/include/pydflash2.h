@@ -153,7 +153,10 @@ int32_t pdf2_draft_length_rates(const double * verify_s, int32_t n_verify, const
  * each step verifies the best-first tree of that many drafted nodes over the
  * DFlash2 lattice (pdf2_draft_tree) in the same one decode, instead of the
  * greedy walk's chain; the context is then made with a unified KV cache and
- * n_slots x (1 + tree_budget) sequences (0..255; 0 = the chain). */
+ * n_slots x (1 + tree_budget) sequences (0..255; 0 = the chain). tree_budget
+ * < 0: automatic, at most -tree_budget nodes: each step's budget (0 = the
+ * chain) from the cost model, whose costs then include verifies of up to
+ * -tree_budget + 1 rows (pdf2_batch_engine_max_verify_rows). */
 typedef struct pdf2_batch_engine pdf2_batch_engine;
 
 pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_t n_slots, int32_t n_ctx_slot, int32_t n_threads,
@@ -171,7 +174,7 @@ pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_t n_slots, 
  * drafter: NULL with n_max = 0. max_draft >= 0 caps the drafts per step (exact
  * mode keeps verify batches below the sizes where ggml switches kernels).
  * tree_budget > 0: tree verification (as above); the context must have a
- * unified KV cache and at least 1 + tree_budget sequences. */
+ * unified KV cache and at least 1 + |tree_budget| sequences (< 0: automatic). */
 pdf2_batch_engine * pdf2_batch_engine_new_borrowed(void * target_ctx, struct pdf2_capture * feature_capture,
                                                    struct pdf2_capture * head_capture, pdf2_drafter * drafter,
                                                    int32_t n_max, int32_t max_draft, int32_t walk, int32_t q_top_k,
@@ -182,8 +185,10 @@ int pdf2_batch_engine_release_target(pdf2_batch_engine * e);
 void pdf2_batch_engine_free(pdf2_batch_engine * e);
 /* Largest number of drafts one step may verify; a step commits at most this + 1 tokens per slot. */
 int32_t pdf2_batch_engine_max_draft(pdf2_batch_engine * e);
-/* Cost model for the adaptive draft length: verify_s[B-1] = target decode of B
- * tokens (B = 1..max_draft+1), draft_s[n-1] = drafting n tokens. */
+/* Rows of the largest verify the cost model prices: max_draft + 1, or an automatic tree's budget + 1. */
+int32_t pdf2_batch_engine_max_verify_rows(pdf2_batch_engine * e);
+/* Cost model for the adaptive draft length (and automatic tree budget): verify_s[B-1] = target
+ * decode of B tokens (B = 1..max_verify_rows), draft_s[n-1] = drafting n tokens. */
 int pdf2_batch_engine_set_costs(pdf2_batch_engine * e, const double * verify_s, int32_t n_verify,
                                 const double * draft_s, int32_t n_draft);
 /* Measures those costs on a slot whose prefill is done (its state is restored). */

@@ -26,8 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", help="text file, one prompt per line (default: a built-in set)")
     p.add_argument("--n-max", default="0,auto", help="comma list, e.g. 0,2,4,auto (0 is always added)")
     p.add_argument("--tree-budget", default="0", metavar="N[,N...]",
-                   help="comma list of tree budgets: each > 0 runs every drafting --n-max with tree verification "
-                        "of that many nodes (0 = the chain, default)")
+                   help="comma list of tree budgets or auto: each > 0 runs every drafting --n-max with tree "
+                        "verification of that many nodes (0 = the chain, default)")
     p.add_argument("--temperature", default="0", help="comma list of temperatures")
     p.add_argument("--selector", default="auto", help="comma list of selectors")
     p.add_argument("--max-tokens", type=int, default=64)

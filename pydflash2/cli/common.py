@@ -20,19 +20,23 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def parse_tree_budget(value: str) -> int:
-    """An int in 0..255 (the --tree-budget syntax; 0 = the chain)."""
+def parse_tree_budget(value: str) -> int | str:
+    """'auto' or an int in 0..255 (the --tree-budget syntax; 0 = the chain)."""
+    if value == "auto":
+        return value
     try:
         n = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer in 0..255, got {value!r}") from None
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer in 0..255, got {value!r}") from None
     if not 0 <= n <= 255:
-        raise argparse.ArgumentTypeError(f"expected an integer in 0..255, got {value!r}")
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer in 0..255, got {value!r}")
     return n
 
 
 TREE_BUDGET_HELP = ("verify a best-first tree of N drafted nodes over the DFlash2 lattice in each target decode "
-                    "instead of one path (0 = the chain, default); --n-max is then the tree's depth")
+                    "instead of one path (0 = the chain, default); --n-max is then the tree's depth. auto: each "
+                    "step the chain or a tree of up to 32 nodes, whichever the measured costs and acceptance "
+                    "price faster (it says what it chose)")
 
 
 def parse_n_max(value: str) -> int | str:

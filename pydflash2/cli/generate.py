@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .._native import NativeError
-    from ..draft_decision import explain_run
+    from ..draft_decision import explain_run, explain_tree_auto
     from ..exactness import ExactnessUnavailable
     from ..models import resolve_target
     from ..speculator import GenerationError, Speculator
@@ -87,7 +87,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     assert out is not None
     s = out.stats
-    explanation = explain_run(spec.costs, s) if args.n_max == "auto" and draft and not args.tree_budget else None
+    if args.tree_budget == "auto" and draft:
+        explanation = explain_tree_auto(s)
+    else:
+        explanation = explain_run(spec.costs, s) if args.n_max == "auto" and draft and not args.tree_budget else None
     if args.json:
         print(json.dumps({"text": out.text, "tokens": out.tokens, "finish_reason": out.finish_reason,
                           "stats": {k: s[k] for k in STATS_KEYS}, "auto_decision": explanation}))

@@ -28,6 +28,7 @@ import numpy as np
 from .. import _native, draft_costs
 from .._native import ffi, lib
 from ..cpu_threads import default_threads
+from ..draft_tree import tree_budget_spec
 from ..drafter import Drafter
 from ..sampling import SamplingRequest, TokenLogprob, step_logprobs
 from ..speculator import SELECTORS, GenerationError
@@ -78,10 +79,11 @@ class BatchEngine:
         n_gpu_layers: int = 0,
         flash_attn: bool | None = None,
         verbose: bool = False,
-        tree_budget: int = 0,
+        tree_budget: int | str = 0,
     ) -> None:
-        if not isinstance(tree_budget, int) or isinstance(tree_budget, bool) or not 0 <= tree_budget <= 255:
-            raise ValueError(f"tree_budget must be an int in 0..255 (0 = the chain), got {tree_budget!r}")
+        tree_nodes, tree_auto = tree_budget_spec(tree_budget)
+        if tree_auto:  # every slot's branches need sequences of their own
+            tree_nodes = max(1, min(tree_nodes, llama_cpp.llama_max_parallel_sequences() // max(1, n_slots) - 1))
         if selector not in SELECTORS:
             raise ValueError(f"selector must be one of {sorted(SELECTORS)}, got {selector!r}")
         if n_max != "auto" and (not isinstance(n_max, int) or n_max < 0):
@@ -114,21 +116,26 @@ class BatchEngine:
                 d.set_max_graphs(SLOT_DRAFTER_GRAPHS)
                 d.reserve_graphs()  # all memory at startup: it stays flat while serving
         self._native_args = (self.n_slots, self.n_ctx, threads, threads, -1 if flash_attn is None else int(flash_attn))
-        self.tree_budget = tree_budget if self.drafters else 0
-        # with a tree, n_max is its depth: the drafter's block when auto (the engine caps it there)
-        n_max_native = (255 if self.tree_budget else -1) if self.n_max == "auto" else int(self.n_max)
-        self._walk_args = (n_max_native, SELECTORS[selector], 16, self.tree_budget)
+        self.tree_budget = tree_nodes if self.drafters else 0
+        self.tree_auto = tree_auto and self.tree_budget > 0
+        # with a fixed tree, n_max is its depth: the drafter's block when auto (the engine caps it there)
+        fixed_tree = self.tree_budget and not self.tree_auto
+        n_max_native = (255 if fixed_tree else -1) if self.n_max == "auto" else int(self.n_max)
+        tree_native = -self.tree_budget if self.tree_auto else self.tree_budget  # < 0: automatic, at most that
+        self._walk_args = (n_max_native, SELECTORS[selector], 16, tree_native)
         self._h = self._new_native()
         self.max_draft = int(lib.pdf2_batch_engine_max_draft(self._h))
+        self.max_verify_rows = int(lib.pdf2_batch_engine_max_verify_rows(self._h))
         self._counts = np.zeros(self.n_slots, dtype=np.int32)
         self._tokens = np.zeros(self.n_slots * (self.max_draft + 1), dtype=np.int32)
         self._n_logprobs: dict[int, int] = {}  # per slot: its request's logprobs count (-1: none)
         self.costs: dict[str, list[float]] | None = None
-        if self.n_max == "auto" and self.drafters and self.max_draft > 0 and not self.tree_budget:
+        adaptive = (self.n_max == "auto" and not self.tree_budget) or self.tree_auto
+        if adaptive and self.drafters and self.max_draft > 0:
             assert draft is not None
             key = draft_costs.cost_key(self.model_path, os.fspath(draft), self.drafters[0].device, threads,
-                                       self.max_draft)
-            self.costs = draft_costs.load_or_measure(key, self.max_draft,
+                                       self.max_draft, max_verify_rows=self.max_verify_rows)
+            self.costs = draft_costs.load_or_measure(key, self.max_verify_rows, self.max_draft,
                                                      lambda: _on_own_thread(self._measure_costs))
             self.set_costs(self.costs["verify_s"], self.costs["draft_s"])
 
@@ -237,12 +244,12 @@ class BatchEngine:
 
     def _measure_costs(self, reps: int = 5) -> dict[str, list[float]]:
         prompt = draft_costs.warmup_prompt(lambda b: self.llm.tokenize(b, add_bos=True, special=False), self.n_ctx,
-                                           self.max_draft)
+                                           self.max_verify_rows - 1)
         self.start(0, prompt)
         try:
             while not self.step()[0]:
                 pass  # prefill slot 0
-            v = np.zeros(self.max_draft + 1, dtype=np.float64)
+            v = np.zeros(self.max_verify_rows, dtype=np.float64)
             d = np.zeros(self.max_draft, dtype=np.float64)
             _check(lib.pdf2_batch_engine_measure_costs(self._h, 0, reps, ffi.from_buffer("double[]", v), len(v),
                                                        ffi.from_buffer("double[]", d), len(d)), "measure_costs")

@@ -38,7 +38,7 @@ class ServerOptions:
     n_ctx: int = 4096
     parallel: int = 1
     n_max: int | str = "auto"
-    tree_budget: int = 0  # > 0: each slot verifies a best-first tree of this many drafted nodes
+    tree_budget: int | str = 0  # > 0: each slot verifies a best-first tree of this many drafted nodes; "auto"
     selector: str = "auto"
     threads: int | None = None
     device: str | None = None

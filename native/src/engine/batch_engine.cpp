@@ -183,6 +183,10 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
     for (Slot & s : slots_) {
         s.policy = shared_policy_;
     }
+    if (opts.tree_auto && (opts.tree_budget < 1 || opts.n_max == 0)) {
+        throw Error("an automatic tree budget needs a largest budget >= 1 and a drafter");
+    }
+    tree_policy_ = TreeBudgetPolicy(opts.tree_auto && max_draft_ > 0 ? opts.tree_budget : 0);
     target_.claim();
     batch_cap_ = target_.n_batch();
     const llama_model * model = llama_get_model(ctx_.ctx);
@@ -372,6 +376,40 @@ int BatchEngine::batch_draft_length(const std::vector<size_t> & decoding) const 
     return best;
 }
 
+double BatchEngine::step_seconds(int n_slots, int rows, int n) const {
+    const std::vector<double> & v = costs_verify_;
+    const std::vector<double> & d = costs_draft_;
+    const double draft = n > 0 && !d.empty() ? d[std::min(static_cast<size_t>(n - 1), d.size() - 1)] : 0.0;
+    if (n_slots <= 1) {
+        return v[std::min(static_cast<size_t>(std::max(rows, 1) - 1), v.size() - 1)] + draft;
+    }
+    const double row = std::max(0.0, (v.back() - v.front()) / static_cast<double>(v.size() - 1));
+    return v.front() + (n_slots * rows - 1.0) * row + n_slots * draft;
+}
+
+int BatchEngine::auto_tree_budget(const std::vector<size_t> & decoding, int n_chain, bool chain_probe) {
+    if (tree_policy_.max_budget() == 0 || decoding.empty() || costs_verify_.size() < 2) {
+        return 0;
+    }
+    const int n_dec = static_cast<int>(decoding.size());
+    double chain_tokens = 0.0;
+    for (const size_t i : decoding) chain_tokens += slots_[i].policy.expected_tokens(n_chain);
+    const double chain_rate = chain_tokens / std::max(step_seconds(n_dec, n_chain + 1, n_chain), 1e-9);
+    // per slot: (1 + expected accepted) over its share of the step
+    const auto [b, rate] = tree_policy_.best([&](int nodes) { return step_seconds(n_dec, nodes + 1, max_draft_) / n_dec; });
+    const bool chosen = tree_policy_.has_trees() && b > 0 && rate > chain_rate;
+    if (chain_probe) {
+        return chosen ? b : 0;  // one probe at a time
+    }
+    if (tree_policy_.schedule(chosen)) {
+        n_tree_probes_ += 1;
+        n_auto_tree_steps_ += 1;
+        return tree_policy_.has_trees() && b > 0 ? b : tree_policy_.probe_budget();
+    }
+    n_auto_tree_steps_ += chosen ? 1 : 0;
+    return chosen ? b : 0;
+}
+
 void BatchEngine::queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0) {
     if (!feed_drafters_ || n <= 0) {
         return;
@@ -427,12 +465,22 @@ void BatchEngine::draft(Slot & s, int n, int tree_budget) {
     const Proposal & prop = s.drafter->last();
     if (tree_budget > 0 && prop.lattice.n_pos > 0) {
         // the tree replaces the walk; the target's verify follows its own choice down it (finish_tree)
-        s.tree = build_draft_tree(prop.lattice, tree_budget);
+        s.tree = build_draft_tree(prop.lattice, std::max(tree_budget, tree_policy_.max_budget()));
+        if (tree_policy_.max_budget() > 0 && prop.lattice.n_pos == max_draft_) {
+            tree_policy_.observe_tree(s.tree);  // what every budget would verify (a smaller one: a prefix)
+        }
+        if (s.tree.size() > tree_budget) {
+            for (auto * v : {&s.tree.parent, &s.tree.depth, &s.tree.token, &s.tree.cand}) v->resize(tree_budget);
+            s.tree.logp.resize(static_cast<size_t>(tree_budget));
+        }
         s.drafts.assign(s.tree.token.begin(), s.tree.token.end());
         s.tree_step = !s.drafts.empty();
         stats_.walk_s += seconds_since(t_walk);
         stats_.draft_s += seconds_since(t0);
         return;
+    }
+    if (tree_policy_.max_budget() > 0 && prop.lattice.n_pos == max_draft_) {
+        tree_policy_.observe_tree(build_draft_tree(prop.lattice, tree_policy_.max_budget()));
     }
     WalkMode mode = opts_.walk < 0 ? (greedy ? WalkMode::Greedy : WalkMode::Sample) : static_cast<WalkMode>(opts_.walk);
     if (greedy && mode == WalkMode::Sample) {
@@ -733,6 +781,14 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
             n_probe = n;
         }
     }
+    // tree_budget = auto: a tree for every decoding slot when the cost model prices it above the
+    // chain's choice (or now and then as a probe), at the block's full depth; else the chain
+    const int tree_b = !opts_.tree_auto ? opts_.tree_budget
+                                        : auto_tree_budget(decoding, n_common, probe_slot >= 0);
+    if (opts_.tree_auto && tree_b > 0) {
+        n_common = max_draft_;
+        probe_slot = -1;
+    }
     const int share = n_decode > 0 ? batch_cap_ / n_decode - 1 : 0;
     std::map<int, std::vector<int>> groups;  // verify rows -> slots (a slot near its context end drafts less)
     for (size_t i = 0; i < slots_.size(); ++i) {
@@ -751,9 +807,9 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
         const int n_pending = static_cast<int>(s.pending.size());
         n = std::max(0, std::min(n, share - n_pending));
         int tree_budget = 0;
-        if (opts_.tree_budget > 0 && n > 0) {
+        if (tree_b > 0 && n > 0) {
             // its rows share the batch like a chain's; a borrowed context holds no cells beyond its size
-            tree_budget = std::min(opts_.tree_budget, share - n_pending);
+            tree_budget = std::min(tree_b, share - n_pending);
             if (borrowed_) tree_budget = std::min(tree_budget, opts_.n_ctx_slot - s.pos - 1);
         }
         draft(s, n, tree_budget);
@@ -881,6 +937,8 @@ void BatchEngine::finish_decode(int idx, Slot & s, std::vector<int32_t> & counts
     st.n_max_used[static_cast<size_t>(n)] += 1;
     if (n > 0) {
         record_drafted_step(s, n, n, k);
+        s.policy.observe(n, k);
+        shared_policy_.observe(n, k);
     }
     s.pos += k + 1;
     s.anchor = v.next;
@@ -901,8 +959,6 @@ void BatchEngine::record_drafted_step(Slot & s, int depth, int n_drafted, int k)
     for (int j = 0; j < k; ++j) {
         stats_.accepted_per_pos[static_cast<size_t>(j)] += 1;
     }
-    s.policy.observe(depth, k);
-    shared_policy_.observe(depth, k);
 }
 
 // The verify of a tree: from the anchor's row, the target chooses its next token after its
@@ -984,9 +1040,22 @@ void BatchEngine::finish_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
     SlotStats & st = s.stats;
     st.n_generated += k + 1;
     st.n_steps += 1;
+    st.n_tree_steps += 1;
     const int depth = *std::max_element(t.depth.begin(), t.depth.end());
     st.n_max_used[static_cast<size_t>(std::min(depth, max_draft_))] += 1;
     record_drafted_step(s, depth, n, k);
+    if (tree_policy_.max_budget() > 0) {
+        // the chain's estimate learns what the chain would have done: the greedy walk is the tree's
+        // first-child chain (rows 1..its length), of which the path kept its first m nodes
+        int chain = 0;
+        for (int v = 0; v < n; ++v) chain += s.node_row[static_cast<size_t>(v)] == t.depth[static_cast<size_t>(v)];
+        s.policy.observe(chain, m);
+        shared_policy_.observe(chain, m);
+        tree_policy_.observe_verify(t, path);
+    } else {
+        s.policy.observe(depth, k);
+        shared_policy_.observe(depth, k);
+    }
     s.pos += k + 1;
     s.anchor = next;
     s.tree_step = false;
@@ -1043,7 +1112,7 @@ void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify
         throw Error("measure_costs() needs a slot that has finished its prefill and a drafter");
     }
     reps = std::max(1, reps);
-    const int max_b = max_draft_ + 1;
+    const int max_b = max_verify_rows();
     if (s.pos + max_b > opts_.n_ctx_slot) {
         throw Error("context too small to measure costs");
     }
@@ -1120,6 +1189,33 @@ std::string BatchEngine::stats_json() const {
     int64_t busy = 0;
     for (const Slot & s : slots_) busy += s.state == State::Idle ? 0 : 1;
     w.field("busy_slots", busy);
+    if (tree_policy_.max_budget() > 0) {
+        // tree_budget = auto: the steps that verified a tree (probes included), and the model's
+        // expected accepted drafts per budget b = 1..max (what the next choice weighs)
+        w.key("tree_auto").begin_object();
+        w.field("max_budget", tree_policy_.max_budget());
+        w.field("tree_steps", n_auto_tree_steps_);
+        w.field("probes", n_tree_probes_);
+        w.key("expected_accepted").begin_array();
+        for (int b = 1; b <= tree_policy_.max_budget(); ++b) w.value(tree_policy_.expected_accepted(b));
+        w.end_array();
+        w.key("chain_acceptance").begin_array();
+        for (const double a : shared_policy_.acceptance()) w.value(a);
+        w.end_array();
+        if (costs_verify_.size() >= 2) {
+            // the choice one slot would make now: the best tree, against the chain's best n (0 = plain)
+            const auto [b, tree_rate] = tree_policy_.best([&](int nodes) { return step_seconds(1, nodes + 1, max_draft_); });
+            const int n = shared_policy_.best();
+            w.field("best_budget", b);
+            w.field("tree_expected_tokens", 1.0 + tree_policy_.expected_accepted(b));
+            w.field("tree_rate", tree_rate);
+            w.field("chain_n", n);
+            w.field("chain_expected_tokens", shared_policy_.expected_tokens(n));
+            w.field("chain_rate", shared_policy_.expected_rate(n));
+            w.field("plain_rate", shared_policy_.expected_rate(0));
+        }
+        w.end_object();
+    }
     w.end_object();
     return w.str();
 }
@@ -1145,6 +1241,7 @@ std::string BatchEngine::slot_stats_json(int slot) {
     array("drafted_per_position", st.drafted);
     array("accepted_per_position", st.accepted);
     array("n_max_histogram", st.n_max_used);
+    w.field("n_tree_steps", st.n_tree_steps);
     w.key("acceptance_estimate").begin_array();
     for (const double a : s.policy.acceptance()) w.value(a);
     w.end_array();

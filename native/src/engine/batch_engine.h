@@ -19,9 +19,11 @@
 #include "capture/feature_capture_callback.h"
 #include "engine/target_runner.h"
 #include "engine/target_sampling.h"
+#include "engine/tree_budget.h"
 
 #include <llama.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
@@ -45,6 +47,9 @@ struct BatchEngineOptions {
     // attends to the committed context and its ancestors only. Needs a unified KV cache and
     // n_slots * (1 + tree_budget) sequences: an own context is made so; a borrowed one must be.
     int tree_budget = 0;
+    // tree_budget is then the largest budget: each step's comes from the cost model (tree_budget.h),
+    // 0 = the chain's choice (draft_length.h); the costs must include verifies of tree_budget+1 rows
+    bool tree_auto = false;
 };
 
 // A context the engine decodes in without owning it (one slot, sequence 0).
@@ -61,6 +66,7 @@ struct SlotStats {
     int64_t n_generated = 0;    // tokens committed, the first (from prefill) included
     int64_t n_steps = 0;        // target decodes after prefill that carried this slot's rows
     int64_t n_spec_steps = 0;   // ... of which verified a drafted block
+    int64_t n_tree_steps = 0;   // ... as a tree
     std::vector<int64_t> drafted;     // per block position 1..max_draft: blocks that reached it
     std::vector<int64_t> accepted;    // ... and accepted its draft
     std::vector<int64_t> n_max_used;  // histogram of drafts per step over 0..max_draft
@@ -103,11 +109,13 @@ class BatchEngine {
 
     int n_slots() const { return static_cast<int>(slots_.size()); }
     int max_draft() const { return max_draft_; }
+    // rows of the largest verify the cost model prices: the chain's, or an auto tree's
+    int max_verify_rows() const { return std::max(max_draft_, tree_policy_.max_budget()) + 1; }
     int32_t n_ctx_slot() const { return opts_.n_ctx_slot; }
     llama_context * ctx() const { return ctx_.ctx; }
 
     void set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s);
-    // Times target decodes of B = 1..max_draft+1 rows and drafter blocks of
+    // Times target decodes of B = 1..max_verify_rows() rows and drafter blocks of
     // n = 1..max_draft drafts on a slot that has finished its prefill.
     void measure_costs(int slot, int reps, std::vector<double> & verify_s, std::vector<double> & draft_s);
 
@@ -199,6 +207,11 @@ class BatchEngine {
 
     int choose_n_draft(Slot & s);
     int batch_draft_length(const std::vector<size_t> & decoding) const;
+    // seconds of a step in which `n_slots` slots verify `rows` rows each after drafting n (the
+    // measured table for one slot; for several, the linear model of batch_draft_length)
+    double step_seconds(int n_slots, int rows, int n) const;
+    // tree_auto: the tree budget of this step (0 = the chain's n_chain drafts)
+    int auto_tree_budget(const std::vector<size_t> & decoding, int n_chain, bool chain_probe);
     // n drafts per block (the tree's depth); tree_budget > 0: a tree of at most that many nodes
     void draft(Slot & s, int n, int tree_budget);
     void constrain_drafts(Slot & s);  // greedy drafts the slot's grammar allows
@@ -249,6 +262,8 @@ class BatchEngine {
     // acceptance seen over all requests: a new request starts from it, not
     // from the optimistic prior (short requests would end before it settled)
     DraftLengthPolicy shared_policy_{0};
+    TreeBudgetPolicy tree_policy_{0};  // tree_auto: one for the engine, as shared_policy_
+    int64_t n_auto_tree_steps_ = 0, n_tree_probes_ = 0;
     std::vector<float> feat_;
 };
 

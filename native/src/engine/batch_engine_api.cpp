@@ -46,7 +46,8 @@ extern "C" pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_
         opts.n_max = n_max;
         opts.walk = walk;
         opts.q_top_k = q_top_k;
-        opts.tree_budget = tree_budget;
+        opts.tree_budget = tree_budget < 0 ? -tree_budget : tree_budget;  // < 0: auto, at most -tree_budget
+        opts.tree_auto = tree_budget < 0;
         auto e = std::make_unique<pdf2_batch_engine>();
         e->impl = std::make_unique<pdf2::BatchEngine>(static_cast<llama_model *>(target_model), ds, opts);
         return e.release();
@@ -68,7 +69,8 @@ extern "C" pdf2_batch_engine * pdf2_batch_engine_new_borrowed(void * target_ctx,
         opts.max_draft = max_draft;
         opts.walk = walk;
         opts.q_top_k = q_top_k;
-        opts.tree_budget = tree_budget;
+        opts.tree_budget = tree_budget < 0 ? -tree_budget : tree_budget;  // < 0: auto, at most -tree_budget
+        opts.tree_auto = tree_budget < 0;
         auto e = std::make_unique<pdf2_batch_engine>();
         e->impl = std::make_unique<pdf2::BatchEngine>(t, drafter != nullptr ? drafter->impl.get() : nullptr, opts);
         return e.release();
@@ -88,6 +90,10 @@ extern "C" int32_t pdf2_batch_engine_max_draft(pdf2_batch_engine * e) {
     return pdf2::guarded<int32_t>(-1, [&] { return static_cast<int32_t>(get(e).max_draft()); });
 }
 
+extern "C" int32_t pdf2_batch_engine_max_verify_rows(pdf2_batch_engine * e) {
+    return pdf2::guarded<int32_t>(-1, [&] { return static_cast<int32_t>(get(e).max_verify_rows()); });
+}
+
 extern "C" int pdf2_batch_engine_set_costs(pdf2_batch_engine * e, const double * verify_s, int32_t n_verify,
                                            const double * draft_s, int32_t n_draft) {
     return pdf2::guarded<int>(-1, [&] {
@@ -104,9 +110,9 @@ extern "C" int pdf2_batch_engine_measure_costs(pdf2_batch_engine * e, int32_t sl
                                                int32_t n_verify, double * draft_s, int32_t n_draft) {
     return pdf2::guarded<int>(-1, [&] {
         pdf2::BatchEngine & eng = get(e);
-        if (verify_s == nullptr || draft_s == nullptr || n_verify != eng.max_draft() + 1 ||
+        if (verify_s == nullptr || draft_s == nullptr || n_verify != eng.max_verify_rows() ||
             n_draft != eng.max_draft()) {
-            throw pdf2::Error("costs arrays must hold max_draft+1 and max_draft entries");
+            throw pdf2::Error("costs arrays must hold max_verify_rows and max_draft entries");
         }
         std::vector<double> v, d;
         eng.measure_costs(slot, reps, v, d);

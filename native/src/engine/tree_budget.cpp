@@ -1,0 +1,88 @@
+#include "engine/tree_budget.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace pdf2 {
+
+namespace {
+constexpr double DECAY = 0.97;      // as the draft length's: acceptance drifts with the text
+constexpr double PRIOR_HITS = 1.0;  // the selector's estimate is trusted until about one hit's worth is seen
+constexpr int PROBE_FIRST = 16;     // steps without a tree before the first probe
+constexpr int PROBE_MAX = 512;      // ... and at most between probes
+constexpr int PROBE_BUDGET = 4;     // before any tree was seen
+}  // namespace
+
+TreeBudgetPolicy::TreeBudgetPolicy(int max_budget)
+    : max_budget_(std::max(0, max_budget)),
+      node_mass_(static_cast<size_t>(max_budget_) * N_BANDS, 0.0),
+      hits_(N_BANDS, 0.0),
+      mass_(N_BANDS, 0.0),
+      probe_interval_(PROBE_FIRST) {}
+
+int TreeBudgetPolicy::band_of(double logp) {
+    if (!(logp < 0.0)) return 0;
+    const double halvings = -logp / std::log(2.0);
+    return std::min(N_BANDS - 1, static_cast<int>(halvings));
+}
+
+void TreeBudgetPolicy::observe_tree(const DraftTree & t) {
+    if (max_budget_ == 0) return;
+    // a running mean that starts at the first tree (not at the zeros before it)
+    const double keep = n_trees_ == 0 ? 0.0 : DECAY;
+    for (double & m : node_mass_) m *= keep;
+    const int n = std::min(t.size(), max_budget_);
+    for (int i = 0; i < n; ++i) {
+        const double lp = t.logp[static_cast<size_t>(i)];
+        node_mass_[static_cast<size_t>(i) * N_BANDS + static_cast<size_t>(band_of(lp))] += (1.0 - keep) * std::exp(lp);
+    }
+    n_trees_ += 1;
+}
+
+void TreeBudgetPolicy::observe_verify(const DraftTree & t, const std::vector<int32_t> & path) {
+    for (int b = 0; b < N_BANDS; ++b) {
+        hits_[static_cast<size_t>(b)] *= DECAY;
+        mass_[static_cast<size_t>(b)] *= DECAY;
+    }
+    for (int i = 0; i < t.size(); ++i) {
+        const double lp = t.logp[static_cast<size_t>(i)];
+        mass_[static_cast<size_t>(band_of(lp))] += std::exp(lp);
+    }
+    for (const int32_t v : path) {
+        hits_[static_cast<size_t>(band_of(t.logp[static_cast<size_t>(v)]))] += 1.0;
+    }
+}
+
+double TreeBudgetPolicy::calibration(int band) const {
+    return (hits_[static_cast<size_t>(band)] + PRIOR_HITS) / (mass_[static_cast<size_t>(band)] + PRIOR_HITS);
+}
+
+double TreeBudgetPolicy::expected_accepted(int b) const {
+    double e = 0.0;
+    for (int i = 0; i < std::min(b, max_budget_); ++i) {
+        double node = 0.0;
+        for (int band = 0; band < N_BANDS; ++band) {
+            node += node_mass_[static_cast<size_t>(i) * N_BANDS + static_cast<size_t>(band)] * calibration(band);
+        }
+        e += std::min(node, 1.0);  // a node is accepted at most once
+    }
+    return e;
+}
+
+bool TreeBudgetPolicy::schedule(bool tree_chosen) {
+    if (max_budget_ == 0) return false;
+    if (tree_chosen) {
+        idle_streak_ = 0;
+        probe_interval_ = PROBE_FIRST;
+        return false;
+    }
+    if (++idle_streak_ < probe_interval_) return false;
+    // probe; if no tree is chosen afterwards either, wait twice as long next time
+    idle_streak_ = 0;
+    probe_interval_ = std::min(2 * probe_interval_, PROBE_MAX);
+    return true;
+}
+
+int TreeBudgetPolicy::probe_budget() const { return std::min(PROBE_BUDGET, max_budget_); }
+
+}  // namespace pdf2

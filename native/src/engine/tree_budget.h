@@ -1,0 +1,63 @@
+// Automatic tree budget (tree_budget = auto): how many drafted nodes a step verifies as a
+// best-first tree over the DFlash2 lattice, priced like the draft length (draft_length.h).
+//
+// A best-first tree of b nodes is the first b nodes of the tree of max_budget nodes (nodes are
+// recorded as the expansion pops them), so one tree per drafted step tells what every smaller
+// budget would have verified. A node is accepted when the target's own choices follow its whole
+// path; the selector's path probability estimates that, and verifies calibrate the estimate: per
+// band of path probability, accepted nodes over the probability they were given.
+#pragma once
+
+#include "drafter/draft_tree.h"
+
+#include <utility>
+#include <vector>
+
+namespace pdf2 {
+
+class TreeBudgetPolicy {
+  public:
+    explicit TreeBudgetPolicy(int max_budget = 0);
+    int max_budget() const { return max_budget_; }
+
+    // A drafted tree of up to max_budget nodes over a lattice of the full block (its prefixes are
+    // the smaller budgets' trees).
+    void observe_tree(const DraftTree & t);
+    // A verified tree: `path` = its accepted nodes, root first.
+    void observe_verify(const DraftTree & t, const std::vector<int32_t> & path);
+    bool has_trees() const { return n_trees_ > 0; }
+
+    // Expected accepted drafts of a tree of b nodes (0..max_budget); 0 before any tree was seen.
+    double expected_accepted(int b) const;
+    // The budget b in 1..max_budget with the best committed tokens per second,
+    // (1 + expected_accepted(b)) / seconds(b); seconds(b) prices a step verifying b nodes.
+    template <class Seconds> std::pair<int, double> best(Seconds seconds) const {
+        std::pair<int, double> out{0, 0.0};
+        for (int b = 1; b <= max_budget_; ++b) {
+            const double rate = (1.0 + expected_accepted(b)) / std::max(seconds(b), 1e-9);
+            if (rate > out.second) out = {b, rate};
+        }
+        return out;
+    }
+
+    // The probe schedule: call once per step that drafts or decodes plainly; true = this step
+    // verifies a tree although the cost model prefers none (the calibration would otherwise never
+    // learn that trees got better). `tree_chosen`: the model chose a tree this step.
+    bool schedule(bool tree_chosen);
+    int probe_budget() const;  // the budget a probe verifies
+
+    double calibration(int band) const;  // accepted over estimated, per band (tests, stats)
+    static int band_of(double logp);
+    static constexpr int N_BANDS = 16;  // path probability 1..1/2, 1/2..1/4, ..., below 2^-15
+
+  private:
+    int max_budget_ = 0;
+    int64_t n_trees_ = 0;
+    std::vector<double> node_mass_;  // [i * N_BANDS + band]: running mean of node i's probability, by band
+    std::vector<double> hits_;       // per band: decayed accepted nodes
+    std::vector<double> mass_;       // ... and their summed path probability
+    int idle_streak_ = 0;
+    int probe_interval_;
+};
+
+}  // namespace pdf2
