@@ -94,6 +94,21 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def rss_parts_mb(pid: int) -> dict[str, float]:
+    """Resident memory by kind (/proc/PID/smaps): the malloc heap, other anonymous memory (thread
+    arenas, ggml buffers, KV cache), and mapped files (the GGUF weights: page cache, reclaimable)."""
+    parts = {"heap": 0.0, "anon": 0.0, "files": 0.0}
+    kind = "anon"
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            name = head[5] if len(head) > 5 else ""
+            kind = "heap" if name == "[heap]" else "files" if name.startswith("/") else "anon"
+        elif line.startswith("Rss:"):
+            parts[kind] += int(head[1]) / 1024
+    return parts
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -343,14 +358,29 @@ def run_soak(server: Server, model: str, clients: int, per_client: int, bad_shar
             with lock:
                 counts["slow_done" if last == "data: [DONE]" else "slow_fail"] += 1
 
+    def progress() -> None:
+        """A line a minute: how far the soak is, and where the server's memory sits."""
+        t0 = time.monotonic()
+        while running.wait(0) and not done.wait(60):
+            with lock:
+                n = counts["good_ok"] + counts["good_empty"] + counts["good_fail"] + counts["bad_4xx"] + \
+                    counts["bad_other"] + counts["5xx"] + counts["dropped"]
+            parts = rss_parts_mb(server.proc.pid)
+            print(f"[soak {time.monotonic() - t0:5.0f} s] {n}/{clients * per_client} requests, "
+                  f"RSS {server.rss():.1f} MB (heap {parts['heap']:.1f}, other anonymous {parts['anon']:.1f}, "
+                  f"mapped files {parts['files']:.1f})", file=sys.stderr, flush=True)
+
+    done = threading.Event()
     helpers = [threading.Thread(target=chaos, args=(k,)) for k in range(chaos_clients)]
     helpers += [threading.Thread(target=slow, args=(k,)) for k in range(slow_clients)]
+    helpers.append(threading.Thread(target=progress, daemon=True))
     for t in helpers:
         t.start()
     try:
         with ThreadPoolExecutor(clients) as pool:
             list(pool.map(client, range(clients)))
     finally:
+        done.set()
         running.clear()
         for t in helpers:
             t.join()
@@ -361,6 +391,7 @@ def run_soak(server: Server, model: str, clients: int, per_client: int, bad_shar
                 for smp in fam.samples if smp.name == "pydflash2:num_requests_running")
     health = httpx.get(server.url + "/health").json()["status"]
     growth = (rss[-1] - rss[0]) / rss[0] * 100 if rss else float("nan")
+    counts["rss_parts_after_mb"] = {k: round(v, 1) for k, v in rss_parts_mb(server.proc.pid).items()}
     counts.update(rss_first_mb=round(rss[0], 1), rss_last_mb=round(rss[-1], 1), rss_growth_pct=round(growth, 2),
                   busy_slots_after=busy, health_after=health, greedy_differ_examples=differ[:5])
     counts["pass"] = (counts["good_fail"] == counts["bad_other"] == counts["5xx"] == counts["dropped"] == 0

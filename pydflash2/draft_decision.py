@@ -112,7 +112,8 @@ def explain_tree_auto(stats: Mapping[str, Any]) -> str | None:
     b, n = int(model["best_budget"]), int(model["chain_n"])
     chain = "plain decoding" if n == 0 else f"the chain of {n} draft{'s' if n > 1 else ''}"
     verdict = "a tree" if model["tree_rate"] > max(model["chain_rate"], model["plain_rate"]) else chain
-    return (f"{head}. Now the model prices a tree of {b} nodes at tau {model['tree_expected_tokens']:.2f}, "
+    return (f"{head}. Now the model prices a tree of {b} node{'s' if b != 1 else ''} at tau "
+            f"{model['tree_expected_tokens']:.2f}, "
             f"{model['tree_rate']:.1f} tok/s, against {chain} at tau {model['chain_expected_tokens']:.2f}, "
             f"{model['chain_rate']:.1f} tok/s" + (f" (plain {model['plain_rate']:.1f} tok/s)" if n else "") +
             f": {verdict} next.")
