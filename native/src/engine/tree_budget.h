@@ -10,6 +10,7 @@
 
 #include "drafter/draft_tree.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -46,7 +47,7 @@ class TreeBudgetPolicy {
     bool schedule(bool tree_chosen);
     int probe_budget() const;  // the budget a probe verifies
 
-    double calibration(int band) const;  // accepted over estimated, per band (tests, stats)
+    double calibration(int band) const;  // accepted over estimated, in one band of path probability
     static int band_of(double logp);
     static constexpr int N_BANDS = 16;  // path probability 1..1/2, 1/2..1/4, ..., below 2^-15
 
