@@ -398,16 +398,12 @@ int BatchEngine::auto_tree_budget(const std::vector<size_t> & decoding, int n_ch
     // per slot: (1 + expected accepted) over its share of the step
     const auto [b, rate] = tree_policy_.best([&](int nodes) { return step_seconds(n_dec, nodes + 1, max_draft_) / n_dec; });
     const bool chosen = tree_policy_.has_trees() && b > 0 && rate > chain_rate;
-    if (chain_probe) {
-        return chosen ? b : 0;  // one probe at a time
-    }
-    if (tree_policy_.schedule(chosen)) {
-        n_tree_probes_ += 1;
-        n_auto_tree_steps_ += 1;
-        return tree_policy_.has_trees() && b > 0 ? b : tree_policy_.probe_budget();
-    }
-    n_auto_tree_steps_ += chosen ? 1 : 0;
-    return chosen ? b : 0;
+    // a chosen tree restarts the probe schedule; no tree probe while the chain probes (one at a time)
+    const bool probe = (chosen || !chain_probe) && tree_policy_.schedule(chosen);
+    const int budget = chosen ? b : !probe ? 0 : tree_policy_.has_trees() && b > 0 ? b : tree_policy_.probe_budget();
+    n_tree_probes_ += probe ? 1 : 0;
+    n_auto_tree_steps_ += budget > 0 ? 1 : 0;
+    return budget;
 }
 
 void BatchEngine::queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0) {
