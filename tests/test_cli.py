@@ -238,6 +238,9 @@ def _mistakes(tmp: Path, target: Path, drafter: Path) -> list[tuple[tuple[str, .
         (("modelfile", "--num-ctx", "lots", "--draft", d), "--num-ctx"),
         (("modelfile", "--model", missing, "--draft", d), "does not exist"),
         (("modelfile", "--model", t, "--draft", t), "not a usable drafter"),
+        (("serve", "--model", t, "--keep-alive-timeout", "0"), "--keep-alive-timeout must be > 0"),
+        (("serve", "--model", t, "--body-timeout", "0"), "--body-timeout must be > 0"),
+        (("serve", "--model", t, "--queue-timeout", "-1"), "--queue-timeout must be >= 0"),
     ]
 
 

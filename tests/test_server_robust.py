@@ -254,6 +254,51 @@ def test_stalled_upload_is_closed_while_others_are_served(server: ServerProcess)
     assert BODY_TIMEOUT_S * 0.9 <= waited <= BODY_TIMEOUT_S + 5, waited
 
 
+def read_response(s: socket.socket) -> bytes:
+    """One whole HTTP/1.1 response with a Content-Length body; b"" when the server closed the connection."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            return b""
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += s.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def health_again_after(port: int, idle_s: float) -> bytes:
+    """GET /health on one keep-alive connection, idle for idle_s, then again on the same connection:
+    the second answer, or b"" when the server closed the connection meanwhile."""
+    get = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(get)
+        assert read_response(s).startswith(b"HTTP/1.1 200")
+        time.sleep(idle_s)
+        try:
+            s.sendall(get)
+            return read_response(s)
+        except (ConnectionResetError, BrokenPipeError):
+            return b""
+
+
+def test_idle_keep_alive_outlasts_client_pools(server: ServerProcess, models: dict[str, Path],
+                                               workdir: Path) -> None:
+    # httpx (so the openai package) drops a pooled connection after 5 s idle. With the server's
+    # keep-alive at 5 s too (uvicorn's default), a request could go out on a connection at the
+    # instant the server closed it: "Server disconnected without sending a response" (seen in CI).
+    assert health_again_after(server.port, 6.0).startswith(b"HTTP/1.1 200")  # the default, 30 s
+    s = ServerProcess([*base_args(models, 1, 256), "--keep-alive-timeout", "1"], workdir)
+    try:
+        assert health_again_after(s.port, 0.2).startswith(b"HTTP/1.1 200")
+        assert health_again_after(s.port, 2.5) == b""
+    finally:
+        s.stop()
+
+
 def generation_timeouts(server: ServerProcess) -> float:
     m = httpx.get(server.url + "/metrics", headers=AUTH, timeout=10).text
     return float(m.split('pydflash2:request_timeouts_total{stage="generation"} ')[1].split()[0])

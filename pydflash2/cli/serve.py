@@ -68,6 +68,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         "pending (default 60; 0 = off)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM/SIGINT, seconds in-flight requests may take to finish (default 30)")
+    p.add_argument("--keep-alive-timeout", type=float, default=30.0,
+                   help="seconds an idle keep-alive connection stays open (default 30: longer than the 5 s after "
+                        "which httpx/openai clients drop pooled connections, so they never reuse one being closed)")
     p.add_argument("--ssl-keyfile", default=None, help="TLS private key (PEM); with --ssl-certfile: https")
     p.add_argument("--ssl-certfile", default=None, help="TLS certificate chain (PEM)")
 
@@ -100,8 +103,9 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
         raise CliError("--ssl-keyfile and --ssl-certfile go together")
-    if args.body_timeout == 0:
-        raise CliError("--body-timeout must be > 0")
+    for name in ("body_timeout", "keep_alive_timeout"):
+        if getattr(args, name) <= 0:
+            raise CliError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     setup_devices(args)
     from ..server.app import SamplingDefaults
     from ..server.auth import load_keys
@@ -126,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
                                       min_p=args.min_p),
             timeout=args.timeout or None, queue_timeout=args.queue_timeout or None,
             body_timeout=args.body_timeout, stall_timeout=args.stall_timeout,
-            shutdown_timeout=args.shutdown_timeout, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
+            shutdown_timeout=args.shutdown_timeout, keep_alive_timeout=args.keep_alive_timeout,
+            ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
         ))
     except (OSError, ValueError, RuntimeError) as e:
         raise CliError(str(e)) from None

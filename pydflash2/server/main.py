@@ -56,6 +56,9 @@ class ServerOptions:
     body_timeout: float = 30.0
     stall_timeout: float = 60.0
     shutdown_timeout: float = 30.0
+    # an idle keep-alive connection is closed after this long; longer than clients' own pool expiry
+    # (httpx, so the openai package: 5 s), so that a client never reuses a connection the server is closing
+    keep_alive_timeout: float = 30.0
     ssl_keyfile: str | None = None
     ssl_certfile: str | None = None
 
@@ -143,7 +146,8 @@ def serve(opts: ServerOptions) -> int:
         log.warning(warning)
     lifecycle = Lifecycle(lambda: load(opts), shutdown_timeout_s=opts.shutdown_timeout)
     config = uvicorn.Config(AccessLog(lifecycle), host=opts.host, port=opts.port, log_level=opts.log_level,
-                            access_log=False, timeout_graceful_shutdown=5, ssl_keyfile=opts.ssl_keyfile,
+                            access_log=False, timeout_graceful_shutdown=5,
+                            timeout_keep_alive=opts.keep_alive_timeout, ssl_keyfile=opts.ssl_keyfile,
                             ssl_certfile=opts.ssl_certfile, lifespan="on")
     scheme = "https" if opts.ssl_certfile else "http"
     print(f"pydflash2 server: {scheme}://{opts.host}:{opts.port} (loading the model)", file=sys.stderr, flush=True)
