@@ -3,8 +3,8 @@
 The greedy walk drafts one path through the selector's lattice; when its first pick is wrong the
 whole block is lost, although the right token is often among the k candidates. A tree keeps the
 `budget` most probable nodes instead (DDTree, Ringel & Romano 2026), expanded best first: a path's
-estimated probability is the product of the selector's softmax over each position's candidates, in
-the row its predecessor selects (the scores the greedy walk takes the argmax of). The native
+estimated probability is the product of the selector's softmax at TEMPERATURE over each position's
+candidates, in the row its predecessor selects (the scores the greedy walk takes the argmax of). The native
 builder (native/src/drafter/draft_tree.cpp) is what an engine would run; `DraftTree.match` scores
 a tree against the text a target went on to write (what a greedy verify of the tree accepts, or a
 sampled one that follows the target's draw down the tree: benchmarks/tree_verify.py).
@@ -24,6 +24,9 @@ from ._native import ffi, lib
 # (measured once per machine, pydflash2.draft_costs); a GPU can afford a tree that size.
 AUTO_TREE_BUDGET = 32
 
+# The selector softmax's temperature in path probabilities (why 1.5: native/src/drafter/draft_tree.h).
+TEMPERATURE = float(lib.pdf2_draft_tree_temperature())
+
 
 def tree_budget_spec(value: int | str) -> tuple[int, bool]:
     """(largest tree, automatic) for a tree_budget argument: an int in 0..255 (0 = the chain) or
@@ -33,6 +36,24 @@ def tree_budget_spec(value: int | str) -> tuple[int, bool]:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 255:
         raise ValueError(f"tree_budget must be 'auto' or an int in 0..255 (0 = the chain), got {value!r}")
     return value, False
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """What the native engines take for an n_max and a tree budget (already capped by the caller),
+    and whether the cost model needs measured costs: the one place Speculator and the server's
+    BatchEngine derive them."""
+
+    n_max: int  # drafts per step; -1 = automatic; 255 = a fixed tree's depth: the drafter's block
+    tree_budget: int  # nodes per tree; 0 = the chain; < 0 = automatic, at most -tree_budget
+    measure_costs: bool  # n_max auto over the chain, or tree_budget auto
+
+    @classmethod
+    def of(cls, n_max: int | str, tree_budget: int, tree_auto: bool) -> EnginePlan:
+        fixed_tree = bool(tree_budget) and not tree_auto
+        return cls(n_max=(255 if fixed_tree else -1) if n_max == "auto" else int(n_max),
+                   tree_budget=-tree_budget if tree_auto else tree_budget,
+                   measure_costs=(n_max == "auto" and not tree_budget) or tree_auto)
 
 
 class DraftTreeError(_native.NativeError):

@@ -31,7 +31,7 @@ from . import capture as feature_capture
 from ._native import ffi, lib
 from .chat_template import chat_prompt_tokens
 from .cpu_threads import default_threads
-from .draft_tree import tree_budget_spec
+from .draft_tree import EnginePlan, tree_budget_spec
 from .drafter import Drafter
 from .exactness import ExactnessUnavailable
 from .sampling import SamplingRequest, TokenLogprob, step_logprobs
@@ -206,22 +206,23 @@ class Speculator:
             max_draft = self.invariance.max_batch - 1  # larger verify batches take other matmul kernels (exactness.py)
             if self.tree_auto:
                 self.tree_budget = min(self.tree_budget, max_draft)
+                self.tree_auto = self.tree_budget > 0
             if self.tree_budget > max_draft:
                 raise ExactnessUnavailable(
                     f"exact mode keeps verify batches at most {self.invariance.max_batch} rows with this target "
                     f"({self.invariance.reason or 'its weights switch kernels above that'}): a tree budget of "
                     f"{self.tree_budget} needs {self.tree_budget + 1}")
+        plan = EnginePlan.of(n_max, self.tree_budget, self.tree_auto)
         handle = lib.pdf2_batch_engine_new_borrowed(
             ffi.cast("void *", ctx_addr),
             self._capturing.capture.handle if self._capturing is not None else ffi.NULL,
             head_capturing.capture.handle if self.lazy_head and head_capturing is not None else ffi.NULL,
             self.drafter._h if self.drafter is not None else ffi.NULL,
-            # a fixed tree's depth: the drafter's block when auto (the engine caps it there)
-            (255 if self.tree_budget and not self.tree_auto else -1) if n_max == "auto" else int(n_max),
+            plan.n_max,
             max_draft,
             SELECTORS[selector],
             16,
-            -self.tree_budget if self.tree_auto else self.tree_budget,
+            plan.tree_budget,
         )
         if handle == ffi.NULL:
             raise GenerationError(_native.last_error())
@@ -238,8 +239,7 @@ class Speculator:
         self._eog: dict[int, bool] = {}
         self.costs: dict[str, list[float]] | None = None
         self.max_verify_rows = int(lib.pdf2_batch_engine_max_verify_rows(self._engine))
-        adaptive = (n_max == "auto" and not self.tree_budget) or self.tree_auto
-        if adaptive and self.drafter is not None and self.max_draft > 0:
+        if plan.measure_costs and self.drafter is not None and self.max_draft > 0:
             assert self.draft_path is not None
             key = draft_costs.cost_key(self.llm.model_path, self.draft_path, self.drafter.device,
                                        self.llm.context_params.n_threads, self.max_draft, self.lazy_head,

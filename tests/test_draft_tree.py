@@ -8,13 +8,14 @@ import math
 import numpy as np
 import pytest
 
-from pydflash2.draft_tree import DraftTreeError, build_draft_tree
+from pydflash2.draft_tree import TEMPERATURE, DraftTreeError, build_draft_tree
 
 
 def reference_tree(cand: np.ndarray, scores: np.ndarray, budget: int) -> list[tuple[int, int, int, int, float]]:
     """(parent, depth, token, cand index, path log-probability) per node, in the order best-first
-    expansion adds them: a heap of frontier nodes keyed by path probability (ties: pushed first);
-    a popped node pushes its next-ranked sibling and its best child."""
+    expansion adds them: a heap of frontier nodes keyed by path probability (a product of
+    softmaxes at TEMPERATURE; ties: pushed first); a popped node pushes its next-ranked sibling and
+    its best child."""
     n_pos, k = cand.shape
 
     def ranked(row: np.ndarray) -> tuple[list[int], list[float]]:
@@ -22,8 +23,9 @@ def reference_tree(cand: np.ndarray, scores: np.ndarray, budget: int) -> list[tu
         if not order:
             return [], []
         mx = max(float(row[c]) for c in order)
-        log_z = mx + math.log(sum(math.exp(float(row[c]) - mx) for c in order))
-        return order, [float(row[c]) - log_z for c in order]
+        scaled = {c: (float(row[c]) - mx) / TEMPERATURE for c in order}
+        log_z = math.log(sum(math.exp(v) for v in scaled.values()))
+        return order, [scaled[c] - log_z for c in order]
 
     rows = {-1: ranked(scores[0, 0])}
     nodes: list[tuple[int, int, int, int, float]] = []

@@ -118,14 +118,16 @@ int pdf2_drafter_walk(const pdf2_drafter * d, int32_t mode, float temperature, u
 /* ---- Draft tree: the candidate paths a tree verify checks ----
  * The `budget` most probable nodes of a DFlash2 lattice (candidates [n_pos][k], scores
  * [n_pos][k(pred)][k(cand)], as get_lattice writes them), expanded best first: a path's
- * probability is the product of the selector's softmax over each position's k candidates
- * in the row its predecessor selects; non-finite scores are no candidates. Writes *n_nodes
+ * probability is the product of the selector's softmax at pdf2_draft_tree_temperature() over
+ * each position's k candidates in the row its predecessor selects; non-finite scores are no
+ * candidates. Writes *n_nodes
  * (<= budget) and per node, in expansion order (a parent before its children): parent (-1 =
  * the anchor), depth (1..n_pos), token, cand (index among the k) and logp (the path's log
  * probability); outputs other than n_nodes may be NULL, else hold `budget` entries. */
 int pdf2_draft_tree(const int32_t * candidates, const float * scores, int32_t n_pos, int32_t k, int32_t budget,
                     int32_t * n_nodes, int32_t * parent, int32_t * depth, int32_t * token, int32_t * cand,
                     double * logp);
+double pdf2_draft_tree_temperature(void);
 
 /* ---- Draft length: the cost model behind n_max = auto ----
  * For every draft count n = 0..n_draft (n_verify = n_draft + 1 verify costs, verify_s[B-1] for B rows;

@@ -28,7 +28,7 @@ import numpy as np
 from .. import _native, draft_costs
 from .._native import ffi, lib
 from ..cpu_threads import default_threads
-from ..draft_tree import tree_budget_spec
+from ..draft_tree import EnginePlan, tree_budget_spec
 from ..drafter import Drafter
 from ..sampling import SamplingRequest, TokenLogprob, step_logprobs
 from ..speculator import SELECTORS, GenerationError
@@ -118,11 +118,8 @@ class BatchEngine:
         self._native_args = (self.n_slots, self.n_ctx, threads, threads, -1 if flash_attn is None else int(flash_attn))
         self.tree_budget = tree_nodes if self.drafters else 0
         self.tree_auto = tree_auto and self.tree_budget > 0
-        # with a fixed tree, n_max is its depth: the drafter's block when auto (the engine caps it there)
-        fixed_tree = self.tree_budget and not self.tree_auto
-        n_max_native = (255 if fixed_tree else -1) if self.n_max == "auto" else int(self.n_max)
-        tree_native = -self.tree_budget if self.tree_auto else self.tree_budget  # < 0: automatic, at most that
-        self._walk_args = (n_max_native, SELECTORS[selector], 16, tree_native)
+        plan = EnginePlan.of(self.n_max, self.tree_budget, self.tree_auto)
+        self._walk_args = (plan.n_max, SELECTORS[selector], 16, plan.tree_budget)
         self._h = self._new_native()
         self.max_draft = int(lib.pdf2_batch_engine_max_draft(self._h))
         self.max_verify_rows = int(lib.pdf2_batch_engine_max_verify_rows(self._h))
@@ -130,8 +127,7 @@ class BatchEngine:
         self._tokens = np.zeros(self.n_slots * (self.max_draft + 1), dtype=np.int32)
         self._n_logprobs: dict[int, int] = {}  # per slot: its request's logprobs count (-1: none)
         self.costs: dict[str, list[float]] | None = None
-        adaptive = (self.n_max == "auto" and not self.tree_budget) or self.tree_auto
-        if adaptive and self.drafters and self.max_draft > 0:
+        if plan.measure_costs and self.drafters and self.max_draft > 0:
             assert draft is not None
             key = draft_costs.cost_key(self.model_path, os.fspath(draft), self.drafters[0].device, threads,
                                        self.max_draft, max_verify_rows=self.max_verify_rows)

@@ -14,7 +14,8 @@ namespace pdf2 {
 namespace {
 
 // A row's candidates ranked by score (stable: equal scores keep index order, as the greedy
-// walk's argmax takes the first), with their log-softmax; non-finite scores are left out.
+// walk's argmax takes the first), with their log-softmax at kDraftTreeTemperature; non-finite
+// scores are left out.
 struct RankedRow {
     std::vector<int32_t> order;
     std::vector<double> logp;  // by rank
@@ -30,10 +31,11 @@ RankedRow rank_row(const float * row, int k) {
         }
     }
     std::stable_sort(r.order.begin(), r.order.end(), [row](int32_t a, int32_t b) { return row[a] > row[b]; });
+    const auto scaled = [&](int32_t c) { return (static_cast<double>(row[c]) - mx) / kDraftTreeTemperature; };
     double sum = 0.0;
-    for (const int32_t c : r.order) sum += std::exp(static_cast<double>(row[c]) - mx);
-    const double log_z = mx + std::log(sum);
-    for (const int32_t c : r.order) r.logp.push_back(static_cast<double>(row[c]) - log_z);
+    for (const int32_t c : r.order) sum += std::exp(scaled(c));
+    const double log_z = std::log(sum);
+    for (const int32_t c : r.order) r.logp.push_back(scaled(c) - log_z);
     return r;
 }
 

@@ -37,3 +37,5 @@ extern "C" int pdf2_draft_tree(const int32_t * candidates, const float * scores,
         return 0;
     });
 }
+
+extern "C" double pdf2_draft_tree_temperature(void) { return pdf2::kDraftTreeTemperature; }
