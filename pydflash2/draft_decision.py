@@ -106,7 +106,7 @@ def explain_tree_auto(stats: Mapping[str, Any]) -> str | None:
         return None
     steps, trees = int(stats["n_steps"]), int(stats.get("n_tree_steps", 0))
     head = (f"auto tree: {trees} of {steps} steps verified a tree (up to {model['max_budget']} nodes; "
-            f"{model['probes']} probes over the engine's life)")
+            f"{model['probes']} probe{'' if model['probes'] == 1 else 's'} over the engine's life)")
     if "tree_rate" not in model:
         return head + "."
     b, n = int(model["best_budget"]), int(model["chain_n"])
