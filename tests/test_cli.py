@@ -240,7 +240,9 @@ def _mistakes(tmp: Path, target: Path, drafter: Path) -> list[tuple[tuple[str, .
         (("modelfile", "--model", t, "--draft", t), "not a usable drafter"),
         (("serve", "--model", t, "--keep-alive-timeout", "0"), "--keep-alive-timeout must be > 0"),
         (("serve", "--model", t, "--body-timeout", "0"), "--body-timeout must be > 0"),
-        (("serve", "--model", t, "--queue-timeout", "-1"), "--queue-timeout must be >= 0"),
+        (("serve", "--model", t, "--queue-timeout", "-1"), "--queue-timeout must be a finite number >= 0"),
+        (("serve", "--model", t, "--timeout", "nan"), "--timeout must be a finite number >= 0"),
+        (("serve", "--model", t, "--keep-alive-timeout", "inf"), "--keep-alive-timeout must be a finite number"),
     ]
 
 

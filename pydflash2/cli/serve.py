@@ -98,9 +98,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--top-p must be in (0, 1], got {args.top_p}")
     if not 0 <= args.min_p <= 1:
         raise CliError(f"--min-p must be in [0, 1], got {args.min_p}")
-    for name in ("timeout", "queue_timeout", "body_timeout", "stall_timeout", "shutdown_timeout"):
-        if getattr(args, name) < 0:
-            raise CliError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    for name in ("timeout", "queue_timeout", "body_timeout", "stall_timeout", "shutdown_timeout",
+                 "keep_alive_timeout"):
+        if not (math.isfinite(getattr(args, name)) and getattr(args, name) >= 0):
+            raise CliError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {getattr(args, name)}")
     if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
         raise CliError("--ssl-keyfile and --ssl-certfile go together")
     for name in ("body_timeout", "keep_alive_timeout"):

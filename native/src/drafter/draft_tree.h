@@ -19,8 +19,8 @@
 
 namespace pdf2 {
 
-// The selector's softmax is overconfident (rows it gives 0.88 hold the target's token 60% of
-// the time): flattening it spends more of a budget on second choices, where the chain loses most
+// The selector's softmax is overconfident (of the candidates it gives about 0.88, the target's
+// token is one 60% of the time): flattening it spends more of a budget on second choices, where the chain loses most
 // blocks. 1.5 was the best of 1, 1.5, 2, 2.5, 3 at every budget on prompts_dev.txt's 64 prompts
 // (replayed offline with the shipped drafter); on the chat eval prompts, a source it was not
 // chosen on, it raises tau at 16 nodes from 1.91 to 1.97 (docs/python-api.md#tree-verification).
