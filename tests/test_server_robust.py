@@ -266,7 +266,10 @@ def read_response(s: socket.socket) -> bytes:
     length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
                   if line.lower().startswith(b"content-length:"))
     while len(body) < length:
-        body += s.recv(65536)
+        chunk = s.recv(65536)
+        if not chunk:  # closed mid-body: recv would return b"" forever
+            return b""
+        body += chunk
     return head + b"\r\n\r\n" + body
 
 
