@@ -13,7 +13,7 @@ selector's softmax at T (the builder's own temperature, pydflash2.draft_tree.TEM
 scores scaled by TEMPERATURE / T), against the chain (the greedy walk of 7 drafts), and the ceiling
 of a tree holding every path of the lattice.
 
-    python benchmarks/tree_temperature.py [--prompts FILE] [--n 24] [--temperatures 1,1.5,2,2.5,3]
+    python benchmarks/tree_temperature.py [--prompts FILE] [--n 24] [--temperatures 1,1.5,2,2.5,3] [--draft F]
 """
 
 from __future__ import annotations
@@ -35,11 +35,14 @@ EVAL = Path(__file__).with_name("prompts_chat_eval.txt")
 
 
 def lattices(target: str, draft: str, prompts: list[str], workdir: Path, max_new: int) -> list[dict]:
-    """Per text: its tokens after the prompt and, per position, the lattice and the greedy walk."""
+    """Per text: its tokens after the prompt and, per position, the lattice and the greedy walk.
+    The target's texts are distilled once per set of tapped layers (workdir keeps them)."""
     with Drafter(draft, target, n_ctx=1024, n_threads=1) as d:
         layers = [int(x) for x in d.hparams["target_layers"]]
-        data = Dataset(distill(target, prompts, workdir / "data", layers, n_seq=4, max_new=max_new,
-                               n_threads=1, progress=False))
+        data_dir = workdir / ("data-" + "-".join(map(str, layers)))
+        if not data_dir.exists():
+            distill(target, prompts, data_dir, layers, n_seq=4, max_new=max_new, n_threads=1, progress=False)
+        data = Dataset(data_dir)
         texts = []
         for si in range(len(data)):
             tokens, feats, plen = data.sequence(si)
@@ -87,15 +90,23 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperatures", default="1,1.5,2,2.5,3")
     ap.add_argument("--budgets", default="4,8,16,32")
+    ap.add_argument("--draft", nargs="+", default=None, help="drafter GGUFs, each replayed (default: the shipped one)")
     args = ap.parse_args()
     prompts = read_prompts(args.prompts)[: args.n]
     temps = [float(t) for t in args.temperatures.split(",")]
     budgets = [int(b) for b in args.budgets.split(",")]
+    drafts = args.draft or [str(default_drafter())]
     with tempfile.TemporaryDirectory() as tmp:
-        texts = lattices(str(default_target()), str(default_drafter()), prompts, Path(tmp), args.max_tokens)
+        for draft in drafts:  # side by side on the same target texts
+            texts = lattices(str(default_target()), draft, prompts, Path(tmp), args.max_tokens)
+            report(texts, draft, args, temps, budgets)
+    return 0
+
+
+def report(texts: list[dict], draft: str, args: argparse.Namespace, temps: list[float], budgets: list[int]) -> None:
     base = replay(texts, chain)
-    print(f"{len(texts)} prompts of {args.prompts.name} x {args.max_tokens} tokens, shipped pair; the builder's "
-          f"temperature is {TEMPERATURE:g}")
+    print(f"\n{len(texts)} prompts of {args.prompts.name} x {args.max_tokens} tokens, drafter {draft}; the "
+          f"builder's temperature is {TEMPERATURE:g}")
     ceiling = replay(texts, every_path)
     print(f"chain (7 drafts): tau {base:.3f}; a tree holding every path of the lattice: tau {ceiling:.3f} "
           f"({ceiling / base:.2f}x)")
@@ -112,7 +123,6 @@ def main() -> int:
             tau = replay(texts, tree)
             cells.append(f"{tau:.3f} ({tau / base:.2f}x)")
         print(f"| {t:g} | " + " | ".join(cells) + " |")
-    return 0
 
 
 if __name__ == "__main__":

@@ -67,6 +67,16 @@ def gguf_name(hf_name: str, n_layer: int, version: int) -> str | None:
     return table.get(name)
 
 
+def hf_names(n_layer: int, version: int) -> dict[str, str]:
+    """GGUF name -> Hugging Face name of every tensor a drafter of this shape has (the inverse
+    of gguf_name, optional tensors included)."""
+    out = {g: h for h, g in {**_GLOBAL, **_OPTIONAL, **(_GLOBAL_V2 if version == 2 else {})}.items()}
+    table = {**_LAYER, **_LAYER_V2} if version == 2 else _LAYER
+    for il in range(n_layer):
+        out.update({f"blk.{il}.{g}": f"layers.{il}.{h}" for h, g in table.items()})
+    return out
+
+
 def expected_shapes(ckpt: Checkpoint, target_hidden: int, n_vocab: int) -> dict[str, tuple[int, ...]]:
     """Normalized HF name -> numpy shape for every required tensor the config implies."""
     cfg = ckpt.config

@@ -13,6 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="pydflash2[train] (torch) is not installed")
 
+import gguf  # noqa: E402
 import llama_cpp  # noqa: E402
 from pydflash2.convert.checkpoint import open_checkpoint  # noqa: E402
 
@@ -353,6 +354,44 @@ def test_resume_continues_from_the_checkpoint(run_dir: Path, hot_target: Path, c
     assert [e["step"] for e in after["log"] if "loss" in e][:3] == [e["step"] for e in before["log"] if "loss" in e][:3]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 70 and "eval" not in summary  # --eval-prompts 0: no engine evaluation
+
+
+def test_init_drafter_continues_the_files_drafter(run_dir: Path, hot_target: Path, tmp_path: Path, capsys) -> None:
+    from pydflash2.train.warm_start import drafter_config, load_weights
+
+    st = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    info = read_target(hot_target)
+    cfg = drafter_config(run_dir / "drafter.gguf", n_embd=info.n_embd, n_vocab=info.n_vocab,
+                         mask_token_id=info.mask_token_id)
+    assert cfg.to_dict() == DrafterConfig(**st["config"]).to_dict()  # shape, taps, selector, vocabulary
+    model = build_model(cfg, hot_target)
+    load_weights(model, run_dir / "drafter.gguf")
+    for k, v in model.state_dict().items():  # the f16 file: the checkpoint within f16 rounding
+        np.testing.assert_allclose(v.numpy(), st["model"][k].numpy(), rtol=1e-3, atol=1e-4, err_msg=k)
+
+    base = ["train", "--target", str(hot_target), "--init-drafter", str(run_dir / "drafter.gguf"), "--max-prompts",
+            "16", "--max-new", "32", "--n-seq", "4", "--batch", "4", "--anchors", "8", "--outtype", "f16",
+            "--eval-prompts", "0", "--max-minutes", "60"]
+    for extra, named in ((["--layers", "2"], "--layers"), (["--taps", "3"], "--taps"),
+                         (["--init-layers", "first"], "--init-layers")):
+        assert cli_main([*base, "--out", str(tmp_path / "refused"), *extra, "--max-steps", "1"]) == 2
+        assert named in capsys.readouterr().err
+    assert cli_main([*base[:4], str(hot_target), *base[5:], "--out", str(tmp_path / "t"), "--max-steps", "1"]) == 2
+    assert "not a dflash drafter" in capsys.readouterr().err
+    assert cli_main([*base[:4], str(tmp_path / "none.gguf"), *base[5:], "--out", str(tmp_path / "t")]) == 2
+    assert "--init-drafter" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists() and not (tmp_path / "t").exists()  # refused before DIR is made
+
+    # lr 0: one step leaves the drafter as it came, so the export is the very file it started from
+    assert cli_main([*base, "--out", str(tmp_path / "same"), "--max-steps", "1", "--lr", "0"]) == 0
+    a, b = (gguf.GGUFReader(str(p)) for p in (run_dir / "drafter.gguf", tmp_path / "same" / "drafter.gguf"))
+    assert [t.name for t in a.tensors] == [t.name for t in b.tensors]
+    for ta, tb in zip(a.tensors, b.tensors, strict=True):
+        np.testing.assert_array_equal(np.asarray(ta.data), np.asarray(tb.data), err_msg=ta.name)
+    # and training goes on from it: its first loss is the trained drafter's, far below a fresh start's
+    warm = json.loads((tmp_path / "same" / "train_log.jsonl").read_text().splitlines()[0])
+    cold = next(e for e in st["log"] if e.get("step") == 1)
+    assert warm["step"] == 1 and warm["ce"] < cold["ce"] - 0.5, (warm, cold)
 
 
 def test_sample_batch_labels_follow_the_anchor(tmp_path: Path) -> None:

@@ -40,11 +40,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", help="one prompt per line (default: the 2,000+ built-in training prompts)")
     p.add_argument("--layers", type=int, default=0,
                    help="drafter layers (default: 5 for targets with H >= 2048, as published drafters; else 2)")
-    p.add_argument("--taps", type=int, default=5, help="target layers whose features the drafter reads (default 5)")
+    p.add_argument("--taps", type=int, default=None, help="target layers whose features the drafter reads (default 5)")
     p.add_argument("--block-size", type=int, default=0,
                    help="block size: anchor + up to B-1 drafts (default: 16 for targets with H >= 2048; else 8)")
-    p.add_argument("--draft-vocab", type=int, default=8192,
-                   help="reduced draft vocabulary: the V most frequent target tokens (0: full vocabulary)")
+    p.add_argument("--draft-vocab", type=int, default=None,
+                   help="reduced draft vocabulary: the V most frequent target tokens (default 8192; 0: full)")
     p.add_argument("--max-minutes", type=float, default=30.0, help="training time budget (default 30)")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (default: time only)")
     p.add_argument("--data-minutes", type=float, default=0.0,
@@ -52,9 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-prompts", type=int, default=0, help="use only the first N prompts")
     p.add_argument("--max-new", type=int, default=128, help="continuation tokens per prompt (default 128)")
     p.add_argument("--n-seq", type=int, default=8, help="sequences per target decode (default 8)")
-    p.add_argument("--version", type=int, choices=[1, 2], default=2, help="2: DFlash2 (default), 1: DFlash")
-    p.add_argument("--rank", type=int, default=32, help="selector rank (default 32)")
-    p.add_argument("--top-k", type=int, default=16, help="selector candidates per position (default 16)")
+    p.add_argument("--version", type=int, choices=[1, 2], default=None, help="2: DFlash2 (default), 1: DFlash")
+    p.add_argument("--rank", type=int, default=None, help="selector rank (default 32)")
+    p.add_argument("--top-k", type=int, default=None, help="selector candidates per position (default 16)")
     p.add_argument("--n-head", type=int, default=0, help="drafter query heads (default: the target's)")
     p.add_argument("--n-head-kv", type=int, default=0, help="drafter KV heads (default: the target's)")
     p.add_argument("--ffn", type=int, default=0, help="drafter FFN width (default: the target's)")
@@ -90,6 +90,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="drafter layers start as these target layers: comma list of target layer ids, 'first' "
                         "/ 'last' (the target's first / last --layers layers) or 'none' (random; default). Takes "
                         "the target's attention and MLP shape")
+    p.add_argument("--init-drafter", metavar="GGUF",
+                   help="start from this trained dflash drafter (made for this target) and train it further on "
+                        "--prompts: its shape, taps, selector and draft vocabulary are kept")
     p.add_argument("--selector-decay", action="store_true",
                    help="decay-weight the selector loss over block positions like the token loss")
     p.add_argument("--selector-backbone", action="store_true",
@@ -118,6 +121,21 @@ def run(args: argparse.Namespace) -> int:
     prompts = Path(args.prompts) if args.prompts else TRAIN_FILE
     if not prompts.is_file():
         raise CliError(f"--prompts: {prompts} not found")
+    shape_options = {"taps": 5, "rank": 32, "top_k": 16, "draft_vocab": 8192, "version": 2}
+    init_drafter = Path(args.init_drafter) if args.init_drafter else None
+    if init_drafter is not None:
+        if not init_drafter.is_file():
+            raise CliError(f"--init-drafter: {init_drafter} not found")
+        given = [n for n in shape_options if getattr(args, n) is not None]
+        given += [n for n in ("layers", "block_size", "n_head", "n_head_kv", "ffn") if getattr(args, n)]
+        if args.init_layers != "none":
+            given.append("init_layers")
+        if given:
+            raise CliError("--init-drafter keeps the drafter's own shape, taps, selector and vocabulary: drop "
+                           + ", ".join("--" + n.replace("_", "-") for n in given))
+    for name, default in shape_options.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     for name in ("taps", "rank", "top_k", "batch", "anchors", "eval_max_tokens", "queue_size"):
         if getattr(args, name) < 1:
             raise CliError(f"--{name.replace('_', '-')} must be >= 1")
@@ -157,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         max_new=args.max_new, n_seq=args.n_seq, data_minutes=args.data_minutes, resume=args.resume,
         threads=args.threads, eval_prompts=args.eval_prompts, eval_max_tokens=args.eval_max_tokens,
         eval_file=eval_file, device=args.device, soft_top_k=args.soft_top_k, init_layers=args.init_layers,
+        init_drafter=init_drafter,
         soft_weight=args.soft_weight,
         settings={"max_minutes": args.max_minutes, "max_steps": args.max_steps, "batch_seqs": args.batch,
                   "anchors": args.anchors, "lr": args.lr, "gamma": args.gamma,

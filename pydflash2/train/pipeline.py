@@ -59,6 +59,7 @@ class TrainOptions:
     soft_top_k: int = 0  # distillation keeps the target's top-k log-probabilities (0: hard labels only)
     soft_weight: float | None = None  # None: 0.5 when the data keeps soft labels, else 0
     init_layers: str = "none"  # "none", "first", "last" or comma-separated target layer ids
+    init_drafter: Path | None = None  # a trained dflash GGUF to start from (warm_start.py): shape and vocab kept
     resume: bool = False
     progress: bool | None = None
     settings: dict = field(default_factory=dict)  # TrainSettings overrides
@@ -121,6 +122,17 @@ def make_config(opts: TrainOptions, info, target_layer_ids: list[int], draft_ids
     )
 
 
+def start_config(opts: TrainOptions, info):  # noqa: ANN001, ANN201
+    """The config of --init-drafter's file (None without one)."""
+    if opts.init_drafter is None:
+        return None
+    from .warm_start import drafter_config, read_weights
+
+    cfg = drafter_config(opts.init_drafter, n_embd=info.n_embd, n_vocab=info.n_vocab, mask_token_id=info.mask_token_id)
+    read_weights(opts.init_drafter, cfg)  # every tensor there, with its shape: checked before any work
+    return cfg
+
+
 def settings_for(opts: TrainOptions, info):  # noqa: ANN001, ANN201
     from .trainer import TrainSettings
 
@@ -137,9 +149,10 @@ def dry_run(opts: TrainOptions) -> str:
     from .trainer import TrainSettings
 
     info = read_target(opts.target)
-    cfg = make_config(opts, info, tap_layers(info.n_layer, opts.taps), [])
+    warm = start_config(opts, info)
+    cfg = warm or make_config(opts, info, tap_layers(info.n_layer, opts.taps), [])
     s = TrainSettings(**{k: v for k, v in opts.settings.items() if v is not None})
-    n_draft = opts.draft_vocab if 0 < opts.draft_vocab < info.n_vocab else info.n_vocab
+    n_draft = warm.n_draft if warm else opts.draft_vocab if 0 < opts.draft_vocab < info.n_vocab else info.n_vocab
     return make_plan(info, cfg, n_draft=n_draft, batch_seqs=s.batch_seqs, anchors=s.anchors, max_new=opts.max_new,
                      n_seq=opts.n_seq, queue_size=opts.queue_size).render()
 
@@ -175,9 +188,12 @@ def _run(opts: TrainOptions, par, cleanup) -> dict:  # noqa: ANN001
             raise FileExistsError(f"{out} is not empty: pass --resume to continue that run, or choose a new --out")
         out.mkdir(parents=True, exist_ok=True)
 
-    par.main_only(prepare)
     info = read_target(opts.target)
-    taps = tap_layers(info.n_layer, opts.taps)
+    warm = start_config(opts, info)  # a wrong --init-drafter fails before DIR is touched
+    if warm is not None:  # the loss's decay follows the file's block size
+        opts = dataclasses.replace(opts, block_size=warm.block_size)
+    par.main_only(prepare)
+    taps = warm.target_layer_ids if warm is not None else tap_layers(info.n_layer, opts.taps)
     prompts = read_prompts(opts.prompts)
     if opts.max_prompts:
         prompts = prompts[: opts.max_prompts]
@@ -228,6 +244,11 @@ def _run(opts: TrainOptions, par, cleanup) -> dict:  # noqa: ANN001
     def configure() -> DrafterConfig:
         if st is not None:
             return DrafterConfig(**st["config"])
+        if warm is not None:
+            log(f"drafter from {opts.init_drafter}: its shape, taps and draft vocabulary "
+                f"({warm.n_draft} tokens, {100 * coverage(data.token_counts(info.n_vocab), warm.draft_ids):.2f}% "
+                "of this data's tokens)")
+            return warm
         counts = data.token_counts(info.n_vocab)
         draft_ids = draft_vocabulary(counts, opts.draft_vocab, always=[info.eos_token_id])
         if draft_ids:
@@ -239,6 +260,10 @@ def _run(opts: TrainOptions, par, cleanup) -> dict:  # noqa: ANN001
     init = [] if st is not None else init_layer_ids(opts.init_layers, cfg.n_layer, info.n_layer)
     torch.manual_seed(settings.seed)  # the same initial drafter on every rank and in every rerun
     model = build_model(cfg, opts.target, par.device, init_layers=init)
+    if warm is not None and st is None:
+        from .warm_start import load_weights
+
+        load_weights(model, opts.init_drafter)
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if par.is_main:
         log(f"drafter: DFlash{'2' if cfg.version == 2 else ''}, {cfg.n_layer} layer(s), {cfg.n_head}/{cfg.n_head_kv} "
