@@ -43,3 +43,24 @@ def test_shipped_drafter_is_accepted_on_smollm2() -> None:
     # 1.5, catches a broken, untrained or mis-wired file: an early, less-trained file measured 1.27
     # on hand-written prompts.
     assert tau > 1.5, tau
+
+
+def test_the_shipped_drafter_warm_starts_exactly(tmp_path) -> None:
+    """`train --init-drafter` reads a q8_0 file back exactly: the shipped drafter, loaded into the
+    PyTorch model and exported again at its own draft vocabulary, is the same file, byte for byte."""
+    pytest.importorskip("torch", reason="pydflash2[train] (torch) is not installed")
+    from pydflash2.train.export import export_gguf, export_hf
+    from pydflash2.train.target import read_target
+    from pydflash2.train.trainer import build_model
+    from pydflash2.train.warm_start import drafter_config, load_weights
+
+    try:
+        target = testing.default_target()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    info = read_target(target)
+    cfg = drafter_config(DEFAULT_DRAFTER, n_embd=info.n_embd, n_vocab=info.n_vocab, mask_token_id=info.mask_token_id)
+    model = build_model(cfg, target)
+    load_weights(model, DEFAULT_DRAFTER)
+    out = export_gguf(export_hf(model, tmp_path / "hf"), target, tmp_path / "again.gguf", "q8_0")
+    assert out.read_bytes() == DEFAULT_DRAFTER.read_bytes()
