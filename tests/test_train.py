@@ -380,6 +380,10 @@ def test_init_drafter_continues_the_files_drafter(run_dir: Path, hot_target: Pat
     assert "not a dflash drafter" in capsys.readouterr().err
     assert cli_main([*base[:4], str(tmp_path / "none.gguf"), *base[5:], "--out", str(tmp_path / "t")]) == 2
     assert "--init-drafter" in capsys.readouterr().err
+    for junk in (b"not a gguf", (run_dir / "drafter.gguf").read_bytes()[:200]):  # not GGUF; cut short
+        (tmp_path / "junk.gguf").write_bytes(junk)
+        assert cli_main([*base[:4], str(tmp_path / "junk.gguf"), *base[5:], "--out", str(tmp_path / "t")]) == 2
+        assert "junk.gguf" in capsys.readouterr().err
     assert not (tmp_path / "refused").exists() and not (tmp_path / "t").exists()  # refused before DIR is made
 
     # lr 0: one step leaves the drafter as it came, so the export is the very file it started from

@@ -21,18 +21,29 @@ from .model import DFlash2Drafter, DrafterConfig
 _NOT_TRAINED = {"output.weight", "token_embd.weight", "d2t"}
 
 
-def _field(reader, key: str):  # noqa: ANN001, ANN202
+def _reader(path: str | Path):  # noqa: ANN202
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as e:  # noqa: BLE001  (gguf raises ValueError, struct and numpy errors on bad files)
+        raise ValueError(f"{path} is not a readable GGUF file: {e}") from None
+
+
+def _field(reader, key: str, *, required: bool = True):  # noqa: ANN001, ANN202
     f = reader.get_field(key)
+    if f is None and required:
+        raise ValueError(f"the drafter GGUF lacks {key}")
     return None if f is None else f.contents()
 
 
 def drafter_config(path: str | Path, *, n_embd: int, n_vocab: int, mask_token_id: int) -> DrafterConfig:
-    """The config a dflash GGUF implies, checked against the target it will train beside."""
-    import gguf
-
-    r = gguf.GGUFReader(str(path))
-    if _field(r, "general.architecture") != "dflash":
-        raise ValueError(f"{path} is not a dflash drafter GGUF (architecture {_field(r, 'general.architecture')!r})")
+    """The config a dflash GGUF implies, checked against the target it will train beside.
+    mask_token_id: the target's MASK, used where the file does not name its own."""
+    r = _reader(path)
+    arch = _field(r, "general.architecture", required=False)
+    if arch != "dflash":
+        raise ValueError(f"{path} is not a dflash drafter GGUF (architecture {arch!r})")
     a = "dflash"
     H = int(_field(r, f"{a}.embedding_length"))
     if H != n_embd:
@@ -47,15 +58,17 @@ def drafter_config(path: str | Path, *, n_embd: int, n_vocab: int, mask_token_id
     if draft_ids and (min(draft_ids) < 0 or max(draft_ids) >= n_vocab):
         raise ValueError(f"{path}: its d2t holds ids outside the target's vocabulary")
     n_head = int(_field(r, f"{a}.attention.head_count"))
+    own_mask = _field(r, "tokenizer.ggml.mask_token_id", required=False)
     cfg = DrafterConfig(
         n_embd=H, n_vocab=vocab,
         target_layer_ids=[int(i) - 1 for i in _field(r, f"{a}.target_layers")],  # GGUF: layer inputs (HF id + 1)
-        mask_token_id=mask_token_id, n_layer=int(_field(r, f"{a}.block_count")), n_head=n_head,
+        mask_token_id=mask_token_id if own_mask is None else int(own_mask),
+        n_layer=int(_field(r, f"{a}.block_count")), n_head=n_head,
         n_head_kv=int(_field(r, f"{a}.attention.head_count_kv")),
-        head_dim=int(_field(r, f"{a}.attention.key_length") or H // n_head),
+        head_dim=int(_field(r, f"{a}.attention.key_length", required=False) or H // n_head),
         n_ff=int(_field(r, f"{a}.feed_forward_length")), block_size=int(_field(r, f"{a}.block_size")),
         rms_eps=float(_field(r, f"{a}.attention.layer_norm_rms_epsilon")),
-        rope_theta=float(_field(r, f"{a}.rope.freq_base") or 10000.0), version=version,
+        rope_theta=float(_field(r, f"{a}.rope.freq_base", required=False) or 10000.0), version=version,
         draft_ids=draft_ids,
     )
     if version == 2:
@@ -69,7 +82,6 @@ def drafter_config(path: str | Path, *, n_embd: int, n_vocab: int, mask_token_id
 def read_weights(path: str | Path, cfg: DrafterConfig) -> dict[str, np.ndarray]:
     """HF name -> the GGUF's tensor (dequantised, float32) for every trained parameter of the
     drafter `cfg` describes; each must be in the file, with its shape."""
-    import gguf
     from gguf.quants import dequantize
 
     with torch.device("meta"):  # the parameter shapes, without memory
@@ -77,7 +89,7 @@ def read_weights(path: str | Path, cfg: DrafterConfig) -> dict[str, np.ndarray]:
         shapes = {k: tuple(v.shape) for k, v in DFlash2Drafter(cfg, table, table).state_dict().items()}
     to_hf = hf_names(cfg.n_layer, cfg.version)
     out: dict[str, np.ndarray] = {}
-    for t in gguf.GGUFReader(str(path)).tensors:
+    for t in _reader(path).tensors:
         if t.name in _NOT_TRAINED:
             continue
         hf = to_hf.get(t.name)
