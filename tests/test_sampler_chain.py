@@ -10,6 +10,7 @@ settings: bit-identical on a batch-invariant build, up to a near-tie elsewhere
 from __future__ import annotations
 
 import json
+import os
 
 import llama_cpp
 import pytest
@@ -125,6 +126,8 @@ def test_sampling_with_the_chain_follows_llama_cpp_python(smollm2, prompts, name
     sampling with the same chain at T=1, top-p 0.9. The same test against sampling
     without the penalties (resp. grammar) must tell them apart: a chain that skipped them
     would fail here."""
+    if os.environ.get("PYDFLASH2_REQUIRE_SPECIAL_BUILD") == "1":
+        pytest.skip("the sampling law does not depend on the build: tier 1 runs it")
     llm, draft = smollm2
     prompt, settings = SAMPLING[name]
     with Speculator(llm, None, n_max=0) as spec:
