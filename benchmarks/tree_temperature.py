@@ -13,7 +13,7 @@ selector's softmax at T (the builder's own temperature, pydflash2.draft_tree.TEM
 scores scaled by TEMPERATURE / T), against the chain (the greedy walk of 7 drafts), and the ceiling
 of a tree holding every path of the lattice.
 
-    python benchmarks/tree_temperature.py [--prompts FILE] [--n 24] [--temperatures 1,1.5,2,2.5,3] [--draft F]
+    python benchmarks/tree_temperature.py [--prompts FILE] [--n 24] [--temperatures 1,1.5,2,2.5,3] [--draft F ...]
 """
 
 from __future__ import annotations
