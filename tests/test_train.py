@@ -361,8 +361,7 @@ def test_init_drafter_continues_the_files_drafter(run_dir: Path, hot_target: Pat
 
     st = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
     info = read_target(hot_target)
-    cfg = drafter_config(run_dir / "drafter.gguf", n_embd=info.n_embd, n_vocab=info.n_vocab,
-                         mask_token_id=info.mask_token_id)
+    cfg = drafter_config(run_dir / "drafter.gguf", n_embd=info.n_embd, n_vocab=info.n_vocab)
     assert cfg.to_dict() == DrafterConfig(**st["config"]).to_dict()  # shape, taps, selector, vocabulary
     model = build_model(cfg, hot_target)
     load_weights(model, run_dir / "drafter.gguf")

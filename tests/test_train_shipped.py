@@ -59,7 +59,7 @@ def test_the_shipped_drafter_warm_starts_exactly(tmp_path) -> None:
     except FileNotFoundError as e:
         pytest.skip(str(e))
     info = read_target(target)
-    cfg = drafter_config(DEFAULT_DRAFTER, n_embd=info.n_embd, n_vocab=info.n_vocab, mask_token_id=info.mask_token_id)
+    cfg = drafter_config(DEFAULT_DRAFTER, n_embd=info.n_embd, n_vocab=info.n_vocab)
     model = build_model(cfg, target)
     load_weights(model, DEFAULT_DRAFTER)
     out = export_gguf(export_hf(model, tmp_path / "hf"), target, tmp_path / "again.gguf", "q8_0")

@@ -126,11 +126,9 @@ def start_config(opts: TrainOptions, info):  # noqa: ANN001, ANN201
     """The config of --init-drafter's file (None without one)."""
     if opts.init_drafter is None:
         return None
-    from .warm_start import drafter_config, read_weights
+    from .warm_start import drafter_config
 
-    cfg = drafter_config(opts.init_drafter, n_embd=info.n_embd, n_vocab=info.n_vocab, mask_token_id=info.mask_token_id)
-    read_weights(opts.init_drafter, cfg)  # every tensor there, with its shape: checked before any work
-    return cfg
+    return drafter_config(opts.init_drafter, n_embd=info.n_embd, n_vocab=info.n_vocab)
 
 
 def settings_for(opts: TrainOptions, info):  # noqa: ANN001, ANN201

@@ -1,10 +1,10 @@
 """A trained `dflash` GGUF back into the PyTorch drafter, to train it further (`pydflash2 train
 --init-drafter F.gguf`): adapt a drafter to your prompts instead of starting from random layers.
 
-The GGUF fixes the drafter's shape, the target layers it reads and its draft vocabulary (d2t);
-the run takes them all from it. Weights are dequantised with `gguf` (a q8_0 file starts within
-its rounding of the original). The head rows are not read: the trainer's head is the target's,
-frozen, and the GGUF's `output.weight` is those rows quantised.
+The GGUF fixes the drafter's shape, the target layers it reads, its MASK token and its draft
+vocabulary (d2t); the run takes them all from it. Weights are dequantised with `gguf` (a q8_0
+file reads back exactly). The head rows are not read: the trainer's head is the target's, frozen,
+and the GGUF's `output.weight` is those rows quantised.
 """
 
 from __future__ import annotations
@@ -30,52 +30,36 @@ def _reader(path: str | Path):  # noqa: ANN202
         raise ValueError(f"{path} is not a readable GGUF file: {e}") from None
 
 
-def _field(reader, key: str, *, required: bool = True):  # noqa: ANN001, ANN202
-    f = reader.get_field(key)
-    if f is None and required:
-        raise ValueError(f"the drafter GGUF lacks {key}")
-    return None if f is None else f.contents()
+def drafter_config(path: str | Path, *, n_embd: int, n_vocab: int) -> DrafterConfig:
+    """The config a dflash GGUF implies, checked against the target it will train beside. The file
+    is checked against the dflash contract first (inspect_drafter: metadata only, every tensor's
+    presence and shape), as the engine checks what it loads."""
+    from ..info import DrafterFileError, inspect_drafter
 
-
-def drafter_config(path: str | Path, *, n_embd: int, n_vocab: int, mask_token_id: int) -> DrafterConfig:
-    """The config a dflash GGUF implies, checked against the target it will train beside.
-    mask_token_id: the target's MASK, used where the file does not name its own."""
-    r = _reader(path)
-    arch = _field(r, "general.architecture", required=False)
-    if arch != "dflash":
-        raise ValueError(f"{path} is not a dflash drafter GGUF (architecture {arch!r})")
-    a = "dflash"
-    H = int(_field(r, f"{a}.embedding_length"))
-    if H != n_embd:
-        raise ValueError(f"{path} was made for a target of hidden size {H}; this target's is {n_embd}")
-    vocab = int(_field(r, f"{a}.vocab_size"))
-    if vocab != n_vocab:
-        raise ValueError(f"{path} was made for a vocabulary of {vocab} tokens; this target has {n_vocab}")
-    names = {t.name: t for t in r.tensors}
-    version = 2 if "selector_hidden.weight" in names else 1
-    d2t = names.get("d2t")
+    try:
+        h = inspect_drafter(path)
+    except DrafterFileError as e:
+        raise ValueError(f"{path} is not a dflash drafter GGUF this run can start from: {e}") from None
+    if h["n_embd"] != n_embd:
+        raise ValueError(f"{path} was made for a target of hidden size {h['n_embd']}; this target's is {n_embd}")
+    if h["n_vocab"] != n_vocab:
+        raise ValueError(f"{path} was made for a vocabulary of {h['n_vocab']} tokens; this target has {n_vocab}")
+    d2t = next((t for t in _reader(path).tensors if t.name == "d2t"), None)
     draft_ids = [] if d2t is None else [int(x) for x in np.asarray(d2t.data, dtype=np.int64).reshape(-1)]
     if draft_ids and (min(draft_ids) < 0 or max(draft_ids) >= n_vocab):
         raise ValueError(f"{path}: its d2t holds ids outside the target's vocabulary")
-    n_head = int(_field(r, f"{a}.attention.head_count"))
-    own_mask = _field(r, "tokenizer.ggml.mask_token_id", required=False)
     cfg = DrafterConfig(
-        n_embd=H, n_vocab=vocab,
-        target_layer_ids=[int(i) - 1 for i in _field(r, f"{a}.target_layers")],  # GGUF: layer inputs (HF id + 1)
-        mask_token_id=mask_token_id if own_mask is None else int(own_mask),
-        n_layer=int(_field(r, f"{a}.block_count")), n_head=n_head,
-        n_head_kv=int(_field(r, f"{a}.attention.head_count_kv")),
-        head_dim=int(_field(r, f"{a}.attention.key_length", required=False) or H // n_head),
-        n_ff=int(_field(r, f"{a}.feed_forward_length")), block_size=int(_field(r, f"{a}.block_size")),
-        rms_eps=float(_field(r, f"{a}.attention.layer_norm_rms_epsilon")),
-        rope_theta=float(_field(r, f"{a}.rope.freq_base", required=False) or 10000.0), version=version,
-        draft_ids=draft_ids,
+        n_embd=n_embd, n_vocab=n_vocab,
+        target_layer_ids=[int(i) - 1 for i in h["target_layers"]],  # GGUF: layer inputs (HF id + 1)
+        mask_token_id=h["mask_token_id"], n_layer=h["n_layer"], n_head=h["n_head"], n_head_kv=h["n_head_kv"],
+        head_dim=h["head_dim"], n_ff=h["n_ff"], block_size=h["block_size"],
+        # float32 in the file; the JSON prints the 9 digits that name it, np.float32 gives it back exactly
+        rms_eps=float(np.float32(h["rms_eps"])), rope_theta=float(np.float32(h["rope_freq_base"])),
+        version=h["version"], draft_ids=draft_ids,
     )
-    if version == 2:
-        cfg.conv_kernel_size = int(_field(r, f"{a}.conv_kernel_size"))
-        cfg.conv_group_size = int(_field(r, f"{a}.conv_group_size"))
-        cfg.selector_rank = int(_field(r, f"{a}.selector_rank"))
-        cfg.selector_top_k = int(_field(r, f"{a}.selector_top_k"))
+    if cfg.version == 2:
+        cfg.conv_kernel_size, cfg.conv_group_size = h["conv_kernel_size"], h["conv_group_size"]
+        cfg.selector_rank, cfg.selector_top_k = h["selector_rank"], h["selector_top_k"]
     return cfg
 
 
