@@ -67,9 +67,11 @@ def worker_cost(model: str, reps: int) -> dict:
 
 
 def worker_divergence(model: str, n_tokens: int, n_prompts: int) -> dict:
+    import _repo  # noqa: F401  (the repo root on sys.path: pydflash2_testing)
     import llama_cpp
 
-    from pydflash2 import Speculator, native_info, testing
+    import pydflash2_testing as testing
+    from pydflash2 import Speculator, native_info
 
     with tempfile.TemporaryDirectory() as tmp:
         draft = testing.make_random_drafter_for(model, Path(tmp) / "d.gguf")

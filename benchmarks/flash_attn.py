@@ -42,7 +42,10 @@ def raw_loop(llm: llama_cpp.Llama, prompt: list[int], n: int) -> tuple[list[int]
 
 
 def main() -> int:
-    from pydflash2 import Speculator, testing
+    import _repo  # noqa: F401  (the repo root on sys.path: pydflash2_testing)
+
+    import pydflash2_testing as testing
+    from pydflash2 import Speculator
     from pydflash2.models import default_target
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 
-from pydflash2 import testing
+import _repo  # noqa: F401  (the repo root on sys.path: pydflash2_testing)
+
+import pydflash2_testing as testing
 
 
 def main() -> int:

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import argparse
 
+import _repo  # noqa: F401  (the repo root on sys.path: pydflash2_testing)
 import numpy as np
 
-from pydflash2 import testing
+import pydflash2_testing as testing
 from pydflash2.drafter import Drafter
 from pydflash2.train.dataset import Dataset
 from pydflash2.train.trainer import split_sequences

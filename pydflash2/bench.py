@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from .cpu_hog import CpuHogs
 from .draft_decision import explain_run, explain_tree_auto
 from .draft_tree import tree_budget_spec
 
@@ -50,7 +49,6 @@ class BenchConfig:
     n_gpu_layers: int = 0
     out_dir: Path = field(default_factory=lambda: Path("bench_out"))
     exact: bool = False  # refuse unless greedy output is bit-identical to plain decoding
-    cpu_hog: int = 0  # > 0: every prompt also runs beside this many busy processes (contention)
     tree_budgets: list[int | str] = field(default_factory=lambda: [0])  # > 0: tree verification (every drafting n_max)
 
 
@@ -81,25 +79,20 @@ def run_bench(cfg: BenchConfig) -> int:
             specs[key] = Speculator(llm, cfg.draft if n_max != 0 else None, n_max=n_max, selector=selector,
                                     device=cfg.device, exact=cfg.exact, tree_budget=key[2])
     configs = [(n, sel, tree, t) for (n, sel, tree) in specs for t in temperatures]
-    # idle and under contention take turns prompt by prompt, so that both see the same machine
-    hog_counts = [0, cfg.cpu_hog] if cfg.cpu_hog > 0 else [0]
-
-    runs: dict[tuple[Any, str, int, float, int], list[dict[str, Any]]] = defaultdict(list)
+    runs: dict[tuple[Any, str, int, float], list[dict[str, Any]]] = defaultdict(list)
     for rep in range(cfg.repeats):
         for i, prompt in enumerate(prompts):
-            for hogs in hog_counts:
-                with CpuHogs(hogs):
-                    for n_max, sel, tree, temp in configs:
-                        out = specs[(n_max, sel, tree)].generate(prompt, max_tokens=cfg.max_tokens,
-                                                                 temperature=temp, seed=1000 * rep + i, chat=cfg.chat)
-                        runs[(n_max, sel, tree, temp, hogs)].append(out.stats)
+            for n_max, sel, tree, temp in configs:
+                out = specs[(n_max, sel, tree)].generate(prompt, max_tokens=cfg.max_tokens,
+                                                         temperature=temp, seed=1000 * rep + i, chat=cfg.chat)
+                runs[(n_max, sel, tree, temp)].append(out.stats)
         print(f"repeat {rep + 1}/{cfg.repeats} done", file=sys.stderr)
     costs = {key: spec.costs for key, spec in specs.items()}  # the auto cost model's inputs, per configuration
     for spec in specs.values():
         spec.close()
 
     results = []
-    for (n_max, sel, tree, temp, hogs), stats in runs.items():
+    for (n_max, sel, tree, temp), stats in runs.items():
         tokens = sum(s["completion_tokens"] - 1 for s in stats)
         decode_s = sum(s["total_s"] - s["ttft_s"] for s in stats)
         steps = sum(s["n_steps"] for s in stats)
@@ -108,7 +101,7 @@ def run_bench(cfg: BenchConfig) -> int:
         accepted = np.sum([s["accepted_per_position"] for s in stats], axis=0) if width else []
         phases = {k: float(sum(s["phases"][k] for s in stats)) for k in stats[0]["phases"]}
         results.append({
-            "n_max": n_max, "selector": sel, "tree_budget": tree, "temperature": temp, "cpu_hogs": hogs,
+            "n_max": n_max, "selector": sel, "tree_budget": tree, "temperature": temp,
             "runs": len(stats),
             # where the time went, summed over the runs (seconds; n_steps: target forwards), and per step
             "phases": phases,
@@ -130,20 +123,13 @@ def run_bench(cfg: BenchConfig) -> int:
         elif n_max == "auto" and not tree:  # what auto decided over these runs, and why
             results[-1]["auto_decision"] = explain_run(costs[(n_max, sel, tree)], results[-1])
     for r in results:
-        base = next(b for b in results if b["n_max"] == 0 and b["temperature"] == r["temperature"]
-                    and b["cpu_hogs"] == r["cpu_hogs"])
+        base = next(b for b in results if b["n_max"] == 0 and b["temperature"] == r["temperature"])
         r["speedup_vs_plain"] = r["tokens_per_second"] / base["tokens_per_second"]
-    for r in results:
-        if r["cpu_hogs"]:
-            idle = next(b for b in results if b["cpu_hogs"] == 0 and _same_config(b, r))
-            # tokens/s kept under contention, and how the speedup over plain decoding moved
-            r["vs_idle"] = r["tokens_per_second"] / idle["tokens_per_second"]
-            r["speedup_vs_plain_idle"] = idle["speedup_vs_plain"]
 
     out_dir = cfg.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"model": cfg.model, "draft": cfg.draft, "prompts": len(prompts), "repeats": cfg.repeats,
-            "max_tokens": cfg.max_tokens, "cpu_hogs": cfg.cpu_hog,
+            "max_tokens": cfg.max_tokens,
             "exact": all(st["exact"] for sts in runs.values() for st in sts)}
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     _plot(results, out_dir)
@@ -155,14 +141,9 @@ def run_bench(cfg: BenchConfig) -> int:
     return 0
 
 
-def _same_config(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return all(a[k] == b[k] for k in ("n_max", "selector", "tree_budget", "temperature"))
-
-
 def _label(r: dict[str, Any]) -> str:
     sel = "" if r["n_max"] == 0 else f" {r['selector']}" + (f" tree={r['tree_budget']}" if r["tree_budget"] else "")
-    hogs = f" hogs={r['cpu_hogs']}" if r.get("cpu_hogs") else ""
-    return f"n_max={r['n_max']}{sel} T={r['temperature']:g}{hogs}"
+    return f"n_max={r['n_max']}{sel} T={r['temperature']:g}"
 
 
 def _print_table(results: list[dict[str, Any]]) -> None:
@@ -171,15 +152,6 @@ def _print_table(results: list[dict[str, Any]]) -> None:
         acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["acceptance_per_position"])
         print(f"{_label(r):<34} {r['tokens_per_second']:9.1f} {r['tau']:6.2f} {r['speedup_vs_plain']:8.2f}x  {acc}")
     print_phases(results, _label)
-    contended = [r for r in results if r.get("cpu_hogs")]
-    if contended:
-        print(f"\nunder {contended[0]['cpu_hogs']} CPU hogs vs idle (degradation: speedup over plain under the "
-              "hogs / idle; < 1: speculation suffers more than plain decoding)")
-        print(f"{'configuration':<34} {'tok/s kept':>10} {'vs plain idle':>13} {'vs plain hogs':>13} "
-              f"{'degradation':>11}")
-        for r in contended:
-            print(f"{_label(r):<34} {r['vs_idle']:10.2f} {r['speedup_vs_plain_idle']:12.2f}x "
-                  f"{r['speedup_vs_plain']:12.2f}x {r['speedup_vs_plain'] / r['speedup_vs_plain_idle']:11.2f}")
 
 
 PHASE_COLUMNS = ("inject", "propose", "walk", "graph_setup", "verify_decode", "verify_logic", "step_other", "python")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pydflash2 import testing
+import pydflash2_testing as testing
 
 
 def _run(*args: str, cwd) -> subprocess.CompletedProcess:
@@ -52,7 +52,7 @@ def test_info_on_bad_file_exits_2(tmp_path, target_gguf) -> None:
 
 def test_demo_files_command(tmp_path) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "pydflash2.testing", str(tmp_path / "demo")],
+        [sys.executable, "-m", "pydflash2_testing", str(tmp_path / "demo")],
         capture_output=True, text=True, cwd=tmp_path, timeout=120,
     )
     assert r.returncode == 0, r.stderr
@@ -282,29 +282,3 @@ def test_modelfile_command(tmp_path, target_gguf, drafter2_gguf) -> None:
     assert not (tmp_path / "M").exists()
 
 
-def test_bench_cpu_hog_reports_degradation(tmp_path, target_gguf, drafter2_gguf) -> None:
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("Once upon a time\n")
-    out_dir = tmp_path / "bench"
-    r = _run("bench", "--model", str(target_gguf), "--draft", str(drafter2_gguf), "--prompts", str(prompts),
-             "--n-max", "2", "--max-tokens", "8", "--repeats", "1", "--raw", "--n-ctx", "256", "--threads", "1",
-             "--cpu-hog", "1", "--out", str(out_dir), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    data = json.loads((out_dir / "bench.json").read_text())
-    assert data["meta"]["cpu_hogs"] == 1
-    assert {(x["n_max"], x["cpu_hogs"]) for x in data["results"]} == {(n, h) for n in (0, 2) for h in (0, 1)}
-    for x in data["results"]:
-        if x["cpu_hogs"]:
-            assert x["vs_idle"] > 0 and x["speedup_vs_plain_idle"] > 0
-    assert "under 1 CPU hogs vs idle" in r.stdout and "degradation" in r.stdout
-    r = _run("bench", "--model", str(target_gguf), "--cpu-hog", "-1", cwd=tmp_path)
-    assert r.returncode == 2 and "--cpu-hog" in r.stderr
-
-
-def test_cpu_hogs_spin_and_stop() -> None:
-    from pydflash2.cpu_hog import CpuHogs
-
-    with CpuHogs(2) as hogs:
-        procs = list(hogs._procs)
-        assert len(procs) == 2 and all(p.poll() is None for p in procs)
-    assert all(p.returncode is not None for p in procs) and not hogs._procs

@@ -16,7 +16,7 @@ from pydflash2.convert.cli import main as convert_main
 from safetensors.numpy import save_file
 
 import pydflash2
-from pydflash2 import testing
+import pydflash2_testing as testing
 
 GGUF_LAYERS = [i + 1 for i in testing.DrafterSpec().target_layer_ids]  # HF ids + 1
 
@@ -71,7 +71,7 @@ def test_loads_in_libllama_as_dflash(conv, version: int) -> None:
 
     from llama_cpp import llama_cpp as lc
 
-    from pydflash2.testing.upstream import ext, silence_logs
+    from pydflash2_testing.upstream import ext, silence_logs
 
     silence_logs()
     lc.llama_backend_init()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pydflash2 import Drafter, DrafterError, testing
+import pydflash2_testing as testing
+from pydflash2 import Drafter, DrafterError
 
 
 @pytest.fixture()

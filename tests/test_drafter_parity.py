@@ -1,5 +1,5 @@
 """Our drafter graph against upstream llama.cpp's own dflash drafter
-(pydflash2.testing.upstream), fed identical features from a real target decode."""
+(pydflash2_testing.upstream), fed identical features from a real target decode."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from pydflash2.convert.cli import main as convert_main
 
-from pydflash2 import Drafter, testing
+import pydflash2_testing as testing
+from pydflash2 import Drafter
 
-upstream = pytest.importorskip("pydflash2.testing.upstream")
+upstream = pytest.importorskip("pydflash2_testing.upstream")
 
 # upstream taps target layer INPUTS 0..n_layer-1 on a llama target: HF ids 0..n_layer-2
 SPEC_LAYERS = (0, 1, 2)

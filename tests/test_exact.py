@@ -17,10 +17,13 @@ from lossless import check_greedy, plain_greedy
 from pydflash2.convert.cli import main as convert_main
 
 import pydflash2
-from pydflash2 import Speculator, exactness, native_info, testing
+import pydflash2_testing as testing
+from pydflash2 import Speculator, exactness, native_info
 from pydflash2.exactness import INSTALL_COMMAND, ExactnessUnavailable
 from pydflash2.models import default_drafter
 from pydflash2.speculator import load_target
+
+pytestmark = pytest.mark.build  # every claim here changes with the build (tier 2)
 
 INFO = native_info()
 INVARIANT = bool(INFO["batch_invariant"])

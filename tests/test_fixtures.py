@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
-from pydflash2 import testing
+import pydflash2_testing as testing
 
 
 def test_target_loads_tokenizes_and_generates(target_gguf) -> None:
@@ -73,3 +73,12 @@ def test_sharded_checkpoint_round_trips(tmp_path, target_gguf) -> None:
     assert a.keys() == b.keys()
     for name in a:
         np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_cpu_hogs_spin_and_stop() -> None:
+    from pydflash2_testing.cpu_hog import CpuHogs
+
+    with CpuHogs(2) as hogs:
+        procs = list(hogs._procs)
+        assert len(procs) == 2 and all(p.poll() is None for p in procs)
+    assert all(p.returncode is not None for p in procs) and not hogs._procs

@@ -9,7 +9,8 @@ import gguf
 import numpy as np
 import pytest
 
-from pydflash2 import DrafterFileError, inspect_drafter, testing
+import pydflash2_testing as testing
+from pydflash2 import DrafterFileError, inspect_drafter
 
 U32 = gguf.GGUFValueType.UINT32
 STR = gguf.GGUFValueType.STRING

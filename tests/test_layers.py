@@ -1,6 +1,6 @@
 """The package's layers: no import cycles between its parts and no arrow from a lower layer up
 (read from the source with ast, lazy imports inside functions included). Product code never
-imports the test fixtures in pydflash2.testing."""
+imports the test fixtures and benchmark helpers in pydflash2_testing, which the wheel does not ship."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # low to high; a part may import its own layer and the ones below
 LAYERS: list[set[str]] = [
-    {"_native", "cpu_threads", "llama_ext", "text_stream", "cpu_hog", "models"},
+    {"_native", "cpu_threads", "llama_ext", "text_stream", "models"},
     {"info", "devices", "exactness", "capture", "drafter", "draft_costs", "draft_decision", "draft_tree", "convert",
      "chat_template", "sampling"},
     {"speculator", "ollama"},
     {"bench", "server", "train", "random_drafter"},
     {"cli", "__main__"},
 ]
-FIXTURES = "testing"
+FIXTURES = "pydflash2_testing"  # a top-level package of the repository, outside the wheel
 
 
 def modules() -> dict[str, Path]:
@@ -48,12 +48,16 @@ def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 found |= {m for a in node.names if (m := resolve(a.name))}
+                found |= {FIXTURES for a in node.names if a.name.split(".")[0] == FIXTURES}
             elif isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = package.split(".")[: len(package.split(".")) - node.level + 1]
                     source = ".".join(base + ([node.module] if node.module else []))
                 else:
                     source = node.module or ""
+                if source.split(".")[0] == FIXTURES:
+                    found.add(FIXTURES)
+                    continue
                 if not source.startswith("pydflash2"):
                     continue
                 for alias in node.names:
@@ -69,7 +73,7 @@ def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
 def part(mod: str) -> str:
     """pydflash2.server.app -> server; the package root -> ''; every `python -m` entry point (a
     __main__ module) is a command, at the top like the CLI."""
-    if mod.endswith(".__main__") and not mod.startswith(f"pydflash2.{FIXTURES}"):
+    if mod.endswith(".__main__"):
         return "__main__"
     return mod.split(".")[1] if "." in mod else ""
 
@@ -84,7 +88,7 @@ def layer(name: str) -> int:
 def test_every_part_has_a_layer() -> None:
     for mod in modules():
         name = part(mod)
-        if name not in ("", FIXTURES):
+        if name:
             layer(name)
 
 
@@ -92,13 +96,13 @@ def test_no_arrow_up_and_no_fixtures_in_product_code() -> None:
     bad = []
     for mod, targets in imports(modules()).items():
         a = part(mod)
-        if a in ("", FIXTURES):  # the public facade re-exports; fixtures may use anything
+        if FIXTURES in targets:
+            bad.append(f"{mod} imports the test fixtures ({FIXTURES})")
+        if a == "":  # the public facade re-exports
             continue
-        for t in targets:
+        for t in targets - {FIXTURES}:
             b = part(t)
-            if b == FIXTURES:
-                bad.append(f"{mod} imports the test fixtures {t}")
-            elif b == "":
+            if b == "":
                 bad.append(f"{mod} imports the package facade (import the module itself)")
             elif b != a and layer(b) > layer(a):
                 bad.append(f"{mod} (layer {layer(a)}) imports {t} (layer {layer(b)})")
@@ -108,7 +112,7 @@ def test_no_arrow_up_and_no_fixtures_in_product_code() -> None:
 def test_no_cycles_between_parts() -> None:
     graph: dict[str, set[str]] = {}
     for mod, targets in imports(modules()).items():
-        graph.setdefault(part(mod), set()).update(part(t) for t in targets if part(t) != part(mod))
+        graph.setdefault(part(mod), set()).update(part(t) for t in targets if t != FIXTURES and part(t) != part(mod))
     graph.pop("", None)
     for g in graph.values():
         g.discard("")
@@ -127,3 +131,13 @@ def test_no_cycles_between_parts() -> None:
     for node in sorted(graph):
         if node not in state:
             visit(node, [])
+
+
+def test_the_installed_package_holds_no_test_tools() -> None:
+    """The wheel ships the product only: the fixtures, the upstream oracle and the CPU hog stay in the
+    repository (pydflash2_testing), as the README's install puts it."""
+    import pydflash2
+
+    installed = Path(pydflash2.__file__).resolve().parent
+    assert not (installed / "testing").exists() and not (installed / "cpu_hog.py").exists()
+    assert installed.parent == ROOT or not (installed.parent / FIXTURES).exists()

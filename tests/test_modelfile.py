@@ -21,7 +21,8 @@ from ollama_modelfile import (
     render_go_template,
 )
 
-from pydflash2 import ModelfileError, modelfile, testing
+import pydflash2_testing as testing
+from pydflash2 import ModelfileError, modelfile
 from pydflash2.ollama.go_template import CHATML, derive_ollama_template, render_jinja
 from pydflash2.ollama.modelfile import ModelfileWarning, quote
 

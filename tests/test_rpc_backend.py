@@ -27,6 +27,8 @@ import numpy as np
 import pytest
 from lossless import greedy_generate
 
+pytestmark = pytest.mark.build  # every claim here changes with the build (tier 2)
+
 RPC_AVAILABLE = bool(llama_cpp.llama_supports_rpc())
 LIB_DIR = Path(llama_cpp.__file__).resolve().parent / "lib"
 HOT_OFFSET = 6
@@ -271,7 +273,7 @@ def run_client(servers: list[str], scenario: str, timeout: float = 300, env_extr
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    from pydflash2 import testing
+    import pydflash2_testing as testing
 
     d = tmp_path_factory.mktemp("rpc-models")
     hot = tuple(testing.FIRST_MERGED_ID + i for i in range(HOT_OFFSET))

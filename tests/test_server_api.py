@@ -24,7 +24,7 @@ import openai
 import pytest
 from server_process import ServerProcess
 
-from pydflash2 import testing
+import pydflash2_testing as testing
 from pydflash2.chat_template import ChatTemplate
 from pydflash2.server import grammars, steering, tools
 from pydflash2.server.engine import BatchEngine

@@ -7,7 +7,8 @@ import llama_cpp
 import pytest
 from lossless import DELTA_SMOLLM2, check_greedy, plain_greedy
 
-from pydflash2 import Speculator, exactness, testing
+import pydflash2_testing as testing
+from pydflash2 import Speculator, exactness
 
 PROMPTS = [
     "Why is the sky blue?",

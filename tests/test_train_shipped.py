@@ -7,7 +7,8 @@ from __future__ import annotations
 import llama_cpp
 import pytest
 
-from pydflash2 import Speculator, inspect_drafter, testing
+import pydflash2_testing as testing
+from pydflash2 import Speculator, inspect_drafter
 from pydflash2.models import DEFAULT_DRAFTER, default_drafter, resolve_draft
 from pydflash2.train.prompts import DEV_FILE, read_prompts
 

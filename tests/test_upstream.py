@@ -1,4 +1,4 @@
-"""Upstream llama.cpp runs the converted drafter (pydflash2.testing.upstream, the parity oracle)."""
+"""Upstream llama.cpp runs the converted drafter (pydflash2_testing.upstream, the parity oracle)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from pydflash2.convert.cli import main as convert_main
 
-from pydflash2 import testing
-from pydflash2.testing.upstream import Lattice, UpstreamDrafter, UpstreamError
+import pydflash2_testing as testing
+from pydflash2_testing.upstream import Lattice, UpstreamDrafter, UpstreamError
 
 # llama's graph taps layer inputs 0..n_layer-1 only: keep HF ids <= n_layer-2 (GGUF <= n_layer-1)
 RUNNABLE_LAYERS = (0, 1, 2)

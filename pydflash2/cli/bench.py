@@ -34,9 +34,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=2, help="interleaved repeats of the whole set")
     p.add_argument("--raw", action="store_true", help="prompts without the chat template")
     p.add_argument("--out", default="bench_out", help="folder for bench.json and the PNG plots")
-    p.add_argument("--cpu-hog", type=int, default=0, metavar="N",
-                   help="also run every prompt beside N busy processes, and report how speculation degrades "
-                        "under that contention against plain decoding")
     p.set_defaults(run=run)
 
 
@@ -57,8 +54,6 @@ def run(args: argparse.Namespace) -> int:
     temperatures = parse_list(args.temperature, float, "--temperature")
     tree_budgets = parse_list(args.tree_budget, parse_tree_budget, "--tree-budget")
     selectors = parse_list(args.selector, str, "--selector")
-    if args.cpu_hog < 0:
-        raise CliError(f"--cpu-hog must be >= 0, got {args.cpu_hog}")
     setup_devices(args)
     try:
         target = resolve_target(args.model)
@@ -70,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         model=str(target), draft=resolve_draft(args), prompts=prompts, n_maxes=n_maxes, temperatures=temperatures,
         selectors=selectors, max_tokens=args.max_tokens, repeats=args.repeats, chat=not args.raw,
         n_ctx=args.n_ctx, n_threads=args.threads, device=args.device, n_gpu_layers=args.n_gpu_layers,
-        out_dir=Path(args.out), exact=args.exact, cpu_hog=args.cpu_hog, tree_budgets=tree_budgets,
+        out_dir=Path(args.out), exact=args.exact, tree_budgets=tree_budgets,
     )
     from ..exactness import ExactnessUnavailable
 

@@ -24,8 +24,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from ..models import default_target, resolve_target  # noqa: F401  (re-exported for tests and scripts)
-from ..random_drafter import (  # noqa: F401  (re-exported: the tests build their drafters with these)
+from pydflash2.models import default_target, resolve_target  # noqa: F401  (re-exported for tests and scripts)
+from pydflash2.random_drafter import (  # noqa: F401  (re-exported: the tests build their drafters with these)
     DrafterSpec,
     drafter_config,
     drafter_tensors,
@@ -500,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m pydflash2.testing",
+        prog="python -m pydflash2_testing",
         description="Write a tiny random llama target GGUF and random DFlash2/DFlash1 drafters for it "
         "(Hugging Face checkpoints and GGUFs) into OUT_DIR; with --target, a random DFlash2 drafter "
         "GGUF for that target instead.",

@@ -24,13 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..capture import capture_rule
+from pydflash2.capture import capture_rule
 
 __all__ = ["Lattice", "UpstreamDrafter", "UpstreamError", "ext", "silence_logs"]
 
 
-from ..llama_ext import LlamaError as UpstreamError
-from ..llama_ext import ext, silence_logs
+from pydflash2.llama_ext import LlamaError as UpstreamError
+from pydflash2.llama_ext import ext, silence_logs
 
 # ---------------------------------------------------------------- results
 

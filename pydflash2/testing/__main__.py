@@ -1,5 +1,0 @@
-"""`python -m pydflash2.testing DIR`: writes the demo files (a tiny target and drafters) into DIR."""
-
-from . import main
-
-raise SystemExit(main())
