@@ -22,14 +22,14 @@ import argparse
 import statistics
 import time
 
-import _repo  # noqa: F401  (the repo root on sys.path: pydflash2_testing)
+import _repo  # noqa: F401  (tests/support on sys.path: pydflash2_testing)
 import llama_cpp
 import numpy as np
-from llama_cpp import _internals
-
 import pydflash2_testing as testing
-from pydflash2 import capture
+from llama_cpp import _internals
 from pydflash2_testing.upstream import ext, silence_logs
+
+from pydflash2 import capture
 
 
 def main() -> None:

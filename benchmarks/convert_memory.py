@@ -20,12 +20,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-import _repo  # noqa: F401  (the repo root on sys.path: pydflash2_testing)
+import _repo  # noqa: F401  (tests/support on sys.path: pydflash2_testing)
 import ml_dtypes
 import numpy as np
-from safetensors.numpy import save_file
-
 import pydflash2_testing as testing
+from safetensors.numpy import save_file
 
 H, F, N_LAYER, N_HEAD, N_KV = 2048, 16384, 5, 16, 4
 

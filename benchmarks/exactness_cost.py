@@ -67,10 +67,10 @@ def worker_cost(model: str, reps: int) -> dict:
 
 
 def worker_divergence(model: str, n_tokens: int, n_prompts: int) -> dict:
-    import _repo  # noqa: F401  (the repo root on sys.path: pydflash2_testing)
+    import _repo  # noqa: F401  (tests/support on sys.path: pydflash2_testing)
     import llama_cpp
-
     import pydflash2_testing as testing
+
     from pydflash2 import Speculator, native_info
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -42,9 +42,9 @@ def raw_loop(llm: llama_cpp.Llama, prompt: list[int], n: int) -> tuple[list[int]
 
 
 def main() -> int:
-    import _repo  # noqa: F401  (the repo root on sys.path: pydflash2_testing)
-
+    import _repo  # noqa: F401  (tests/support on sys.path: pydflash2_testing)
     import pydflash2_testing as testing
+
     from pydflash2 import Speculator
     from pydflash2.models import default_target
 

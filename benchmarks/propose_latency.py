@@ -21,13 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import _repo  # noqa: F401  (the repo root on sys.path: pydflash2_testing)
+import _repo  # noqa: F401  (tests/support on sys.path: pydflash2_testing)
 import numpy as np
-
 import pydflash2_testing as testing
+from pydflash2_testing import upstream
+
 from pydflash2 import Drafter
 from pydflash2._native import lib
-from pydflash2_testing import upstream
 
 
 def main() -> None:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-import _repo  # noqa: F401  (the repo root on sys.path: pydflash2_testing)
-
+import _repo  # noqa: F401  (tests/support on sys.path: pydflash2_testing)
 import pydflash2_testing as testing
 
 

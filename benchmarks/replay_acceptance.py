@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 
-import _repo  # noqa: F401  (the repo root on sys.path: pydflash2_testing)
+import _repo  # noqa: F401  (tests/support on sys.path: pydflash2_testing)
 import numpy as np
-
 import pydflash2_testing as testing
+
 from pydflash2.drafter import Drafter
 from pydflash2.train.dataset import Dataset
 from pydflash2.train.trainer import split_sequences

@@ -49,12 +49,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _repo  # noqa: F401  (the repo root on sys.path: pydflash2_testing)
+import _repo  # noqa: F401  (tests/support on sys.path: pydflash2_testing)
+from pydflash2_testing.cpu_hog import CpuHogs
 
 from pydflash2.bench import DEFAULT_PROMPTS, PHASE_COLUMNS
 from pydflash2.models import default_drafter, default_target
 from pydflash2.speculator import Speculator, chat_prompt_tokens, load_target
-from pydflash2_testing.cpu_hog import CpuHogs
 
 PROMPTS = DEFAULT_PROMPTS  # the same chat prompts `pydflash2 bench` uses
 
