@@ -252,7 +252,7 @@ class BatchEngine {
     void remove_branches(Slot & s);  // the tree's branch sequences, cut off after its verify
     void add_pending_rows(Slot & s, const std::vector<int32_t> & seqs);
     void flush_pending(int idx, Slot & s);  // decodes them alone (a request ends with some)
-    // n rows for sequence seq after what it holds, when its stream has room: see step()
+    // n rows for sequence seq after what it holds, when its stream has room: see add_group_rows()
     void add_filler_rows(int seq, int n);
     void remove_filler_rows();
     void decode_group(int n_rows, const std::vector<int> & members);
