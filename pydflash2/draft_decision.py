@@ -18,8 +18,8 @@ import numpy as np
 from . import _native
 from ._native import ffi, lib
 
-# The engines' prior for a block position never drafted: 1 accepted in 2 (draft_length.cpp)
-_PRIOR_ACCEPTED, _PRIOR_REACHED = 1.0, 2.0
+# The engines' prior for a block position never drafted (native cost_model.h)
+_PRIOR_ACCEPTED, _PRIOR_REACHED = float(lib.pdf2_draft_prior_accepted()), float(lib.pdf2_draft_prior_reached())
 
 
 @dataclass(frozen=True)

@@ -141,3 +141,52 @@ def test_the_installed_package_holds_no_test_tools() -> None:
     installed = Path(pydflash2.__file__).resolve().parent
     assert not (installed / "testing").exists() and not (installed / "cpu_hog.py").exists()
     assert not (installed.parent / FIXTURES).exists()
+
+
+# ---- the native engine's layers (native/src/engine) ----
+ENGINE = ROOT / "native" / "src" / "engine"
+MAX_FUNCTION_LINES = 80
+# the step's parts: the planner and the batch builder are BatchEngine's; these know nothing of it
+ENGINE_BELOW_STEP = ("cost_model", "draft_length", "tree_budget", "verify", "draft_source", "dflash_draft_source",
+                     "target_sampling", "target_runner", "lazy_head", "batch_invariance")
+
+
+def function_lengths(path: Path) -> dict[str, int]:
+    """Lines of each function defined at namespace scope in a C++ file (its signature to the `}`
+    that closes it at column 0); one-line functions are left out."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out: dict[str, int] = {}
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        skip = ("#", "//", "}", "namespace", "struct ", "class ", "using ", "constexpr ", " ", "\t")
+        if line and not line.startswith(skip) and "(" in line and not line.rstrip().endswith((";", "}")):
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].rstrip() in ("}", "};"))
+            out[f"{path.name}:{i + 1} {line.split('(')[0].split()[-1]}"] = end - i + 1
+            i = end
+        i += 1
+    return out
+
+
+def test_engine_functions_are_short() -> None:
+    lengths = {k: n for f in sorted(ENGINE.glob("*.cpp")) for k, n in function_lengths(f).items()}
+    assert "batch_engine.cpp:" in " ".join(lengths) and len(lengths) > 50  # the counter finds them
+    assert {k: n for k, n in lengths.items() if n > MAX_FUNCTION_LINES} == {}
+    assert len((ENGINE / "batch_engine.cpp").read_text(encoding="utf-8").splitlines()) <= 600
+
+
+def test_engine_parts_below_the_step_do_not_know_it() -> None:
+    for name in ENGINE_BELOW_STEP:
+        for f in ENGINE.glob(f"{name}.*"):
+            text = f.read_text(encoding="utf-8")
+            assert '#include "engine/batch_engine.h"' not in text, f.name
+
+
+def test_the_target_chooses_in_one_place() -> None:
+    """Greedy-or-draw is TargetSampler::sample; only rejection sampling (verify.cpp) draws otherwise."""
+    for f in ENGINE.glob("*.cpp"):
+        if f.name in ("target_sampling.cpp", "verify.cpp"):
+            continue
+        text = f.read_text(encoding="utf-8")
+        assert "->greedy(" not in text and ".greedy(" not in text.replace("params().greedy(", ""), f.name
+        assert "draw(" not in text and "distribution(" not in text, f.name

@@ -119,7 +119,7 @@ class BatchEngine:
         self.tree_budget = tree_nodes if self.drafters else 0
         self.tree_auto = tree_auto and self.tree_budget > 0
         plan = EnginePlan.of(self.n_max, self.tree_budget, self.tree_auto)
-        self._walk_args = (plan.n_max, SELECTORS[selector], 16, plan.tree_budget)
+        self._walk_args = (plan.n_max, -1, SELECTORS[selector], 16, plan.tree_budget)  # -1: no max_draft cap
         self._h = self._new_native()
         self.max_draft = int(lib.pdf2_batch_engine_max_draft(self._h))
         self.max_verify_rows = int(lib.pdf2_batch_engine_max_verify_rows(self._h))

@@ -13,7 +13,10 @@
 // keeps no prompt cache).
 #pragma once
 
+#include "engine/cost_model.h"
+#include "engine/dflash_draft_source.h"
 #include "engine/draft_length.h"
+#include "engine/draft_source.h"
 #include "drafter/draft_tree.h"
 #include "drafter/drafter.h"
 #include "capture/feature_capture_callback.h"
@@ -24,12 +27,21 @@
 #include <llama.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace pdf2 {
+
+// How many drafts a step verifies.
+enum class DraftLength {
+    Plain,     // none: plain decoding (no drafter)
+    Fixed,     // the block: n_max, capped by the drafter's block and the target's batch
+    Adaptive,  // each step's from the cost model (draft_length.h)
+};
 
 struct BatchEngineOptions {
     int n_slots = 1;
@@ -37,10 +49,11 @@ struct BatchEngineOptions {
     int n_threads = 0;          // one-row decodes; <= 0: llama.cpp's default
     int n_threads_batch = 0;    // larger decodes; <= 0: llama.cpp's default
     int flash_attn = -1;        // -1 auto, 0 off, 1 on
-    int n_max = -1;             // drafts per block: -1 = adaptive, 0 = plain decoding
-    int walk = -1;              // WalkMode, or -1 = sample when the target samples, else greedy
-    int q_top_k = 16;           // DFlash1: support of the draft distribution when sampling
-    int max_draft = -1;         // < 0: the drafter's block; else a cap (exact mode keeps verify batches small)
+    DraftLength draft_length = DraftLength::Adaptive;
+    int n_max = 0;                    // DraftLength::Fixed: drafts per block
+    std::optional<int> max_draft;     // a cap on any step's drafts (exact mode keeps verify batches small)
+    std::optional<WalkMode> walk;     // none: sample when the target samples, else greedy
+    int q_top_k = 16;                 // DFlash1: support of the draft distribution when sampling
     // > 0: a step verifies the best-first tree of this many drafted nodes over the DFlash2 lattice
     // (draft_tree.h) instead of the greedy walk's chain, in the same one decode: each node is a row
     // in the sequences of every leaf below it (llama.cpp's own way to decode a tree), so that it
@@ -50,6 +63,8 @@ struct BatchEngineOptions {
     // tree_budget is then the largest budget: each step's comes from the cost model (tree_budget.h),
     // 0 = the chain's choice (draft_length.h); the costs must include verifies of tree_budget+1 rows
     bool tree_auto = false;
+
+    bool drafts() const { return draft_length != DraftLength::Plain; }
 };
 
 // A context the engine decodes in without owning it (one slot, sequence 0).
@@ -112,7 +127,6 @@ class BatchEngine {
     // rows of the largest verify the cost model prices: the chain's, or an auto tree's
     int max_verify_rows() const { return std::max(max_draft_, tree_policy_.max_budget()) + 1; }
     int32_t n_ctx_slot() const { return opts_.n_ctx_slot; }
-    llama_context * ctx() const { return ctx_.ctx; }
 
     void set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s);
     // Times target decodes of B = 1..max_verify_rows() rows and drafter blocks of
@@ -131,8 +145,6 @@ class BatchEngine {
     // Frees a slot for the next request; a no-op on an idle slot. Its K/V
     // rows stay for prefix reuse.
     void stop(int slot);
-    // Rows of the slot's last prompt that start() reused (not prefilled).
-    int32_t n_reused(int slot) { return slot_at(slot).n_reused; }
     // Rows of `prompt` that start() on this idle slot would reuse (what it holds
     // from its last request): a scheduler gives a request the slot that holds most.
     int32_t cached_prefix(int slot, const std::vector<llama_token> & prompt);
@@ -157,41 +169,114 @@ class BatchEngine {
   private:
     enum class State { Idle, Prefill, Decode, Full };
 
-    struct Slot {
-        State state = State::Idle;
-        Drafter * drafter = nullptr;
+    // The request a slot serves, from start() to stop().
+    struct Request {
         std::vector<llama_token> prompt;
+        int32_t max_tokens = 0;  // > 0: drafts stop at the request's last token
+        std::unique_ptr<TargetSampler> sampler;
+        SlotStats stats;
+        std::vector<TokenLogprob> logprobs;  // of the tokens the last step committed (when asked for)
+        int32_t n_logprobs = 0;              // ... how many of them are valid
+    };
+    // What the slot's target sequence holds, and where it goes on.
+    struct Sequence {
         // tokens at positions 0.. whose K/V the slot's sequence holds (and its
         // drafter, cached or queued); kept after stop() so that the next
         // request on the slot prefills only what differs from its prompt
         std::vector<llama_token> history;
         int32_t n_prefilled = 0;
-        int32_t n_reused = 0;
         int32_t pos = 0;  // next position to decode
-        int32_t max_tokens = 0;  // > 0: drafts stop at the request's last token
         llama_token anchor = -1;
-        SlotStats stats;
-        std::unique_ptr<TargetSampler> sampler;
-        std::vector<TokenLogprob> logprobs;  // of the tokens the last step committed (when asked for)
-        int32_t n_logprobs = 0;              // ... how many of them are valid
-        DraftLengthPolicy policy{0};
-        std::vector<float> queued_features;  // committed rows not yet injected into the drafter
-        std::vector<int32_t> queued_positions;
-        // this step
-        std::vector<llama_token> drafts;  // the chain's drafts, or the tree's nodes in expansion order
-        bool tree_step = false;           // drafts are a tree's nodes (opts.tree_budget)
-        DraftTree tree;
-        std::vector<int32_t> branches;     // the tree's branch sequences (one per leaf)
-        std::vector<int32_t> node_branch;  // per node, one branch sequence through it
-        std::vector<int32_t> node_row;     // per node, its row after the anchor's (depth-first order)
         // Committed tokens whose K/V the sequence does not hold yet: a tree path that left the
         // first-child chain sat at cells out of position order, so its rows are decoded again, in
         // order, ahead of the slot's next rows (their features were taken from the tree's rows).
         std::vector<llama_token> pending;
         int32_t pending_pos0 = 0;
-        std::vector<SparseDist> q;
-        int32_t row0 = 0, n_rows = 0;
     };
+    // Where the slot's drafts come from, and how many it wants.
+    struct Drafting {
+        Drafter * drafter = nullptr;
+        DrafterFeed feed;
+        std::unique_ptr<DraftSource> source;
+        DraftLengthPolicy policy{0};
+    };
+    // This step's rows in the batch: the drafted block and where its rows sit.
+    struct StepRows {
+        DraftBlock block;
+        std::vector<int32_t> branches;     // a tree's branch sequences (one per leaf)
+        std::vector<int32_t> node_branch;  // per node, one branch sequence through it
+        std::vector<int32_t> node_row;     // per node, its row after the anchor's (depth-first order)
+        int32_t row0 = 0, n_rows = 0;      // first row in the batch (the anchor's), prompt rows
+    };
+    struct Slot {
+        State state = State::Idle;
+        Request request;
+        Sequence seq;
+        Drafting drafting;
+        StepRows rows;
+    };
+
+    // One step's plan (step_planner.cpp): per decoding slot, how many drafts and tree nodes.
+    struct SlotPlan {
+        int n_drafts = 0;
+        int tree_budget = 0;  // > 0: a tree of at most this many nodes
+    };
+    struct StepPlan {
+        std::vector<size_t> decoding;  // slots that verify this step
+        int common_length = 0;         // drafts every decoding slot verifies (equal rows: one ubatch)
+        int probe_slot = -1;           // the slot that probes a block while the others decode plainly
+        int probe_length = 0;
+        int tree_budget = 0;           // the step's tree budget (0: chains)
+        int row_share = 0;             // batch rows each decoding slot may take after its anchor
+        std::vector<SlotPlan> slots;   // per slot (idle ones: nothing)
+    };
+    using Groups = std::map<int, std::vector<int>>;  // verify rows -> slots with that many
+
+    // step_planner.cpp
+    StepPlan plan_step(std::vector<int32_t> & counts);
+    int slot_draft_length(Slot & s) const;  // the policy's wish, before the batch's caps
+    int batch_draft_length(const std::vector<size_t> & decoding) const;
+    // tree_auto: the tree budget of this step (0 = the chain's n_chain drafts)
+    int auto_tree_budget(const std::vector<size_t> & decoding, int n_chain, bool chain_probe);
+    SlotPlan plan_slot(const StepPlan & plan, size_t i) const;  // the caps: context, max_tokens, share, pending
+    Groups draft_blocks(const StepPlan & plan);
+    void draft(Slot & s, const SlotPlan & p);
+
+    // batch_builder.cpp
+    int32_t add_group_rows(int n_rows, const std::vector<int> & members);  // returns the filler rows
+    void add_chain_rows(int idx, Slot & s);
+    void add_row(llama_token token, int32_t pos, int seq, bool logits);
+    void add_row(llama_token token, int32_t pos, const std::vector<int32_t> & seqs, bool logits);
+    // a tree slot's rows: the anchor, then its nodes, each in the branch sequences below it
+    void add_tree_rows(int idx, Slot & s);
+    void remove_branches(Slot & s);  // the tree's branch sequences, cut off after its verify
+    void add_pending_rows(Slot & s, const std::vector<int32_t> & seqs);
+    void flush_pending(int idx, Slot & s);  // decodes them alone (a request ends with some)
+    // n rows for sequence seq after what it holds, when its stream has room: see add_group_rows()
+    void add_filler_rows(int seq, int n);
+    void remove_filler_rows();
+    void decode_group(int n_rows, const std::vector<int> & members);
+    void decode_batch(bool prefill, bool lazy_head = false);  // prefill: a prompt chunk (else verify rows)
+    const float * row_logits(int32_t row);  // of the last decode (lazily computed head rows included)
+    int prefill_chunks(std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
+
+    // batch_engine.cpp: the commits of verified rows
+    void commit_chain(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
+    void commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
+    void commit_tokens(int idx, Slot & s, const std::vector<llama_token> & accepted, llama_token next,
+                       std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
+    void commit_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
+    void record_drafted_step(Slot & s, int depth, int n_drafted, int k);
+    void record_logprob(Slot & s, const float * logits, llama_token token);
+    void add_verify_time(double seconds, double head_s0);  // verify logic, and the lazy head as decode
+    void queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0);
+    int32_t reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt);
+    void flush_rows(Slot & s);
+    void init(const std::vector<Drafter *> & drafters, bool has_head);
+    void init_drafters(const std::vector<Drafter *> & drafters, bool has_head);
+    Slot & slot_at(int slot);
+    // &own_capture_ when the target's features need the evaluation callback (no taps), else null
+    CallbackCapture * capture_for(const llama_model * model, const std::vector<int32_t> & layers);
 
     // The context decoded in: made by the engine (freed with it) or borrowed.
     struct TargetContext {
@@ -205,40 +290,6 @@ class BatchEngine {
         }
     };
 
-    int choose_n_draft(Slot & s);
-    int batch_draft_length(const std::vector<size_t> & decoding) const;
-    // seconds of a step in which `n_slots` slots verify `rows` rows each after drafting n (the
-    // measured table for one slot; for several, the linear model of batch_draft_length)
-    double step_seconds(int n_slots, int rows, int n) const;
-    // tree_auto: the tree budget of this step (0 = the chain's n_chain drafts)
-    int auto_tree_budget(const std::vector<size_t> & decoding, int n_chain, bool chain_probe);
-    // n drafts per block (the tree's depth); tree_budget > 0: a tree of at most that many nodes
-    void draft(Slot & s, int n, int tree_budget);
-    void constrain_drafts(Slot & s);  // greedy drafts the slot's grammar allows
-    void queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0);
-    int32_t reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt);
-    void flush_rows(Slot & s);
-    void add_row(llama_token token, int32_t pos, int seq, bool logits);
-    void add_row(llama_token token, int32_t pos, const std::vector<int32_t> & seqs, bool logits);
-    // a tree slot's rows: the anchor, then its nodes, each in the branch sequences below it
-    void add_tree_rows(int idx, Slot & s);
-    void remove_branches(Slot & s);  // the tree's branch sequences, cut off after its verify
-    void add_pending_rows(int idx, Slot & s, const std::vector<int32_t> & seqs);
-    void flush_pending(int idx, Slot & s);  // decodes them alone (a request ends with some)
-    // n rows for sequence seq after what it holds, when its stream has room: see step()
-    void add_filler_rows(int seq, int n);
-    void remove_filler_rows();
-    void decode_batch(bool prefill, bool lazy_head = false);  // prefill: a prompt chunk (else verify rows)
-    const float * row_logits(int32_t row);  // of the last decode (lazily computed head rows included)
-    void init(const std::vector<Drafter *> & drafters, bool has_head);
-    void finish_decode(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
-    void finish_tree(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
-    void record_drafted_step(Slot & s, int depth, int n_drafted, int k);
-    void finish_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
-    void record_logprob(Slot & s, const float * logits, llama_token token);
-    Slot & slot_at(int slot);
-    // &own_capture_ when the target's features need the evaluation callback (no taps), else null
-    CallbackCapture * capture_for(const llama_model * model, const std::vector<int32_t> & layers);
 
     BatchEngineOptions opts_;
     CallbackCapture own_capture_;  // an own context's cb_eval user data: declared before ctx_, so it outlives it
@@ -258,7 +309,7 @@ class BatchEngine {
     int prefill_cursor_ = 0;  // round-robin start for prompt chunks
     unsigned probe_turn_ = 0;  // round-robin choice of the slot that probes
     BatchStats stats_;
-    std::vector<double> costs_verify_, costs_draft_;  // reapplied to each new request's policy
+    StepCosts costs_;  // reapplied to each new request's policy
     // acceptance seen over all requests: a new request starts from it, not
     // from the optimistic prior (short requests would end before it settled)
     DraftLengthPolicy shared_policy_{0};

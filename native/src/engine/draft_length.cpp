@@ -6,8 +6,6 @@ namespace pdf2 {
 
 namespace {
 constexpr double DECAY = 0.97;           // older blocks fade: acceptance drifts with the text
-constexpr double PRIOR_REACHED = 2.0;    // prior of 1 accepted in 2: an unknown drafter
-constexpr double PRIOR_ACCEPTED = 1.0;
 constexpr int PROBE_FIRST = 16;          // plain steps before the first probe
 constexpr int PROBE_MAX = 512;           // ... and at most between probes
 constexpr int PROBE_DRAFT = 3;
@@ -18,11 +16,6 @@ DraftLengthPolicy::DraftLengthPolicy(int max_draft)
       reached_(static_cast<size_t>(std::max(0, max_draft)), PRIOR_REACHED),
       accepted_(static_cast<size_t>(std::max(0, max_draft)), PRIOR_ACCEPTED),
       probe_interval_(PROBE_FIRST) {}
-
-void DraftLengthPolicy::set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s) {
-    verify_s_ = verify_s;
-    draft_s_ = draft_s;
-}
 
 void DraftLengthPolicy::observe(int n_drafted, int n_accepted) {
     n_drafted = std::min(n_drafted, max_draft_);
@@ -57,25 +50,18 @@ double expected_tokens(const std::vector<double> & acceptance, int n) {
     return expected;
 }
 
-double expected_rate(const std::vector<double> & acceptance, const std::vector<double> & verify_s,
-                     const std::vector<double> & draft_s, int n) {
-    if (verify_s.empty()) {
+double expected_rate(const std::vector<double> & acceptance, const StepCosts & costs, int n) {
+    if (!costs.measured()) {
         return 0.0;
     }
-    const size_t b = std::min(static_cast<size_t>(n), verify_s.size() - 1);
-    double seconds = verify_s[b];
-    if (n > 0 && !draft_s.empty()) {
-        seconds += draft_s[std::min(static_cast<size_t>(n - 1), draft_s.size() - 1)];
-    }
-    return expected_tokens(acceptance, n) / std::max(seconds, 1e-9);
+    return expected_tokens(acceptance, n) / std::max(costs.step_seconds(1, n + 1, n), 1e-9);
 }
 
-int best_draft_length(const std::vector<double> & acceptance, const std::vector<double> & verify_s,
-                      const std::vector<double> & draft_s) {
+int best_draft_length(const std::vector<double> & acceptance, const StepCosts & costs) {
     int best = 0;
-    double best_rate = expected_rate(acceptance, verify_s, draft_s, 0);
+    double best_rate = expected_rate(acceptance, costs, 0);
     for (int n = 1; n <= static_cast<int>(acceptance.size()); ++n) {
-        const double r = expected_rate(acceptance, verify_s, draft_s, n);
+        const double r = expected_rate(acceptance, costs, n);
         if (r > best_rate) {
             best = n;
             best_rate = r;
@@ -87,19 +73,19 @@ int best_draft_length(const std::vector<double> & acceptance, const std::vector<
 double DraftLengthPolicy::expected_tokens(int n) const { return pdf2::expected_tokens(acceptance(), n); }
 
 double DraftLengthPolicy::expected_rate(int n) const {
-    return pdf2::expected_rate(acceptance(), verify_s_, draft_s_, n);
+    return pdf2::expected_rate(acceptance(), costs_, n);
 }
 
 int DraftLengthPolicy::best() const {
-    if (max_draft_ == 0 || verify_s_.empty()) {
+    if (max_draft_ == 0 || !costs_.measured()) {
         return max_draft_;
     }
-    return best_draft_length(acceptance(), verify_s_, draft_s_);
+    return best_draft_length(acceptance(), costs_);
 }
 
 int DraftLengthPolicy::schedule(int n) {
     probing_ = false;
-    if (max_draft_ == 0 || verify_s_.empty()) {
+    if (max_draft_ == 0 || !costs_.measured()) {
         return n;
     }
     if (n == 0) {
@@ -116,7 +102,5 @@ int DraftLengthPolicy::schedule(int n) {
     }
     return n;
 }
-
-int DraftLengthPolicy::choose() { return schedule(best()); }
 
 }  // namespace pdf2

@@ -4,6 +4,8 @@
 // per-position acceptance estimate.
 #pragma once
 
+#include "engine/cost_model.h"
+
 #include <vector>
 
 namespace pdf2 {
@@ -11,12 +13,11 @@ namespace pdf2 {
 // Committed tokens per step with n drafts (1 + expected accepted), given the conditional
 // acceptance of each block position.
 double expected_tokens(const std::vector<double> & acceptance, int n);
-// Committed tokens per second with n drafts: expected_tokens / (verify of n+1 rows + drafting n).
-double expected_rate(const std::vector<double> & acceptance, const std::vector<double> & verify_s,
-                     const std::vector<double> & draft_s, int n);
+// Committed tokens per second with n drafts on one slot: expected_tokens / (verify of n+1 rows +
+// drafting n), priced by the cost model; 0 without measured costs.
+double expected_rate(const std::vector<double> & acceptance, const StepCosts & costs, int n);
 // The n (0..acceptance.size()) with the best expected rate; ties keep the smaller n.
-int best_draft_length(const std::vector<double> & acceptance, const std::vector<double> & verify_s,
-                      const std::vector<double> & draft_s);
+int best_draft_length(const std::vector<double> & acceptance, const StepCosts & costs);
 
 class DraftLengthPolicy {
   public:
@@ -24,22 +25,18 @@ class DraftLengthPolicy {
 
     // verify_s[B-1] = seconds for a target decode of B tokens (B = 1..max_draft+1);
     // draft_s[n-1] = seconds for proposing a block with n drafts (n = 1..max_draft).
-    void set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s);
-    bool has_costs() const { return !verify_s_.empty(); }
+    void set_costs(const StepCosts & costs) { costs_ = costs; }
 
     // One verified block: n drafts offered, the first n_accepted accepted.
     void observe(int n_drafted, int n_accepted);
 
-    // The n to draft next (0..max_draft); probes now and then while at 0 so
-    // that the acceptance estimate can recover when the text gets easier.
-    // choose() == schedule(best()).
-    int choose();
     // The n with the best expected rate (no probing).
     int best() const;
-    // The probe schedule alone: `n` chosen elsewhere (e.g. for a whole batch of
-    // slots) comes back unchanged, or as a probe when plain decoding has lasted.
+    // The probe schedule: `n` chosen elsewhere (e.g. for a whole batch of slots)
+    // comes back unchanged, or as a probe when plain decoding has lasted, so that
+    // the acceptance estimate can recover when the text gets easier.
     int schedule(int n);
-    // Whether the last choose() was a probe (n > 0 although plain decoding looked best).
+    // Whether the last schedule() was a probe (n > 0 although plain decoding looked best).
     bool probing() const { return probing_; }
 
     // Conditional acceptance estimate of each position (1-based index i-1).
@@ -51,8 +48,7 @@ class DraftLengthPolicy {
     int max_draft_;
     std::vector<double> reached_;   // decayed count of blocks that reached position i
     std::vector<double> accepted_;  // ... in which position i was accepted
-    std::vector<double> verify_s_;
-    std::vector<double> draft_s_;
+    StepCosts costs_;
     int plain_streak_ = 0;
     bool probing_ = false;
     int probe_interval_;  // grows while probes keep confirming plain decoding

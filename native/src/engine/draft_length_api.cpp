@@ -1,4 +1,5 @@
-// C API of the draft-length cost model: the numbers behind n_max = auto, for explaining a decision.
+// C API of the cost model (cost_model.h, draft_length.h): the numbers behind n_max = auto, for
+// explaining a decision, and the acceptance prior.
 #include <cmath>
 #include <vector>
 
@@ -25,13 +26,18 @@ extern "C" int32_t pdf2_draft_length_rates(const double * verify_s, int32_t n_ve
                 throw pdf2::Error("draft_length_rates: draft costs must be finite and >= 0, acceptances in [0, 1]");
             }
         }
-        const std::vector<double> verify(verify_s, verify_s + n_verify);
-        const std::vector<double> draft(draft_s, draft_s + n_draft);
+        pdf2::StepCosts costs;
+        costs.verify_s.assign(verify_s, verify_s + n_verify);
+        costs.draft_s.assign(draft_s, draft_s + n_draft);
         const std::vector<double> accept(acceptance, acceptance + n_draft);
         for (int32_t n = 0; n <= n_draft; ++n) {
             expected_tokens[n] = pdf2::expected_tokens(accept, n);
-            rate[n] = pdf2::expected_rate(accept, verify, draft, n);
+            rate[n] = pdf2::expected_rate(accept, costs, n);
         }
-        return pdf2::best_draft_length(accept, verify, draft);
+        return pdf2::best_draft_length(accept, costs);
     });
 }
+
+extern "C" double pdf2_draft_prior_reached(void) { return pdf2::PRIOR_REACHED; }
+
+extern "C" double pdf2_draft_prior_accepted(void) { return pdf2::PRIOR_ACCEPTED; }

@@ -283,7 +283,13 @@ SamplerPtr TargetSampler::grammar_copy() const {
     return SamplerPtr(grammar_ != nullptr ? llama_sampler_clone(grammar_) : nullptr);
 }
 
-bool TargetSampler::allowed(llama_token token) { return grammar_ == nullptr || grammar_allows(grammar_, token); }
+llama_token TargetSampler::sample(const float * logits) {
+    if (params_.greedy()) {
+        return greedy(logits);
+    }
+    distribution(logits, dist_);
+    return draw(dist_);
+}
 
 void TargetSampler::accept(llama_token token) {
     if (shaping_ != nullptr) {

@@ -87,10 +87,11 @@ class TargetSampler {
     llama_token greedy(const float * logits);
     // p for one row of target logits (only for temperature > 0), after the whole chain.
     void distribution(const float * logits, SparseDist & out);
+    // The target's own choice at this row: greedy(), or a draw from distribution(). The one
+    // place the two modes part (verify.h's rules all choose through it).
+    llama_token sample(const float * logits);
     // A token is committed: the history-dependent samplers take it.
     void accept(llama_token token);
-    // Whether the grammar (if any) allows token next.
-    bool allowed(llama_token token);
     // A copy of the grammar in its current state (to try drafts on), null without one.
     SamplerPtr grammar_copy() const;
 
@@ -110,6 +111,7 @@ class TargetSampler {
     llama_sampler * grammar_ = nullptr;
     llama_sampler * tail_ = nullptr;     // top-k .. temperature (temperature > 0)
     std::vector<llama_token_data> cur_;
+    SparseDist dist_;  // sample()'s distribution
     std::mt19937_64 rng_;
 };
 

@@ -4,61 +4,103 @@
 
 namespace pdf2 {
 
-VerifyResult verify_greedy(const std::vector<llama_token> & drafts, const LogitRows & row, TargetSampler & sampler) {
+namespace {
+
+// A rejected draft: the correction drawn from normalize(max(0, p - q)); q is zero outside its support.
+llama_token draw_residual(const SparseDist & p, const SparseDist & q, TargetSampler & sampler) {
+    SparseDist residual;
+    double total = 0.0;
+    for (size_t i = 0; i < p.ids.size(); ++i) {
+        const float d = std::max(0.0f, p.probs[i] - q.prob_of(p.ids[i]));
+        if (d > 0.0f) {
+            residual.ids.push_back(p.ids[i]);
+            residual.probs.push_back(d);
+            total += d;
+        }
+    }
+    if (total <= 0.0) {
+        return sampler.draw(p);  // p <= q everywhere only through rounding: p is the law then
+    }
+    for (float & v : residual.probs) {
+        v = static_cast<float>(v / total);
+    }
+    return sampler.draw(residual);
+}
+
+// Whether draft j is kept; when not, *next is the correction.
+bool accept_draft(llama_token draft, const SparseDist & q, const float * logits, TargetSampler & sampler,
+                  SparseDist & p, llama_token * next) {
+    if (sampler.params().greedy()) {
+        const llama_token want = sampler.sample(logits);
+        *next = want;
+        return want == draft;
+    }
+    sampler.distribution(logits, p);
+    const float pd = p.prob_of(draft);
+    const float qd = q.prob_of(draft);
+    if (qd > 0.0f && sampler.uniform() * qd < pd) {  // accept with probability min(1, p/q)
+        return true;
+    }
+    *next = draw_residual(p, q, sampler);
+    return false;
+}
+
+}  // namespace
+
+VerifyResult verify_chain(const std::vector<llama_token> & drafts, const std::vector<SparseDist> & q,
+                          const LogitRows & row, TargetSampler & sampler) {
+    static const SparseDist none;  // a greedy verify reads no draft law
     VerifyResult r;
+    SparseDist p;
     for (size_t j = 0; j < drafts.size(); ++j) {
-        const llama_token want = sampler.greedy(row(static_cast<int>(j)));
-        sampler.accept(want);
-        if (want != drafts[j]) {
-            r.next = want;
+        llama_token next = -1;
+        const bool kept = accept_draft(drafts[j], j < q.size() ? q[j] : none, row(static_cast<int>(j)), sampler, p,
+                                       &next);
+        if (!kept) {
+            sampler.accept(next);
+            r.next = next;
             return r;
         }
+        sampler.accept(drafts[j]);
         ++r.n_accepted;
     }
-    r.next = sampler.greedy(row(static_cast<int>(drafts.size())));
+    r.next = sampler.sample(row(static_cast<int>(drafts.size())));
     sampler.accept(r.next);
     return r;
 }
 
-VerifyResult verify_stochastic(const std::vector<llama_token> & drafts, const std::vector<SparseDist> & q,
-                               const LogitRows & row, TargetSampler & sampler) {
+VerifyResult verify_tree(const DraftTree & tree, const LogitRows & node_row, TargetSampler & sampler,
+                         const std::function<void(const float *, llama_token)> & committed) {
     VerifyResult r;
-    SparseDist p;
-    for (size_t j = 0; j < drafts.size(); ++j) {
-        sampler.distribution(row(static_cast<int>(j)), p);
-        const float pd = p.prob_of(drafts[j]);
-        const float qd = q[j].prob_of(drafts[j]);
-        if (qd > 0.0f && sampler.uniform() * qd < pd) {  // accept with probability min(1, p/q)
-            sampler.accept(drafts[j]);
-            ++r.n_accepted;
-            continue;
-        }
-        // rejected: draw from normalize(max(0, p - q)); q is zero outside its support
-        SparseDist residual;
-        double total = 0.0;
-        for (size_t i = 0; i < p.ids.size(); ++i) {
-            const float d = std::max(0.0f, p.probs[i] - q[j].prob_of(p.ids[i]));
-            if (d > 0.0f) {
-                residual.ids.push_back(p.ids[i]);
-                residual.probs.push_back(d);
-                total += d;
+    const int n = tree.size();
+    int node = -1;
+    for (;;) {
+        const float * logits = node_row(node);
+        const llama_token x = sampler.sample(logits);
+        sampler.accept(x);
+        committed(logits, x);
+        int child = -1;
+        for (int v = node + 1; v < n; ++v) {  // children come after their parent
+            if (tree.parent[static_cast<size_t>(v)] == node && tree.token[static_cast<size_t>(v)] == x) {
+                child = v;
+                break;
             }
         }
-        if (total <= 0.0) {
-            r.next = sampler.draw(p);  // p <= q everywhere only through rounding: p is the law then
-        } else {
-            for (float & v : residual.probs) {
-                v = static_cast<float>(v / total);
-            }
-            r.next = sampler.draw(residual);
+        if (child < 0) {
+            r.next = x;
+            break;
         }
-        sampler.accept(r.next);
-        return r;
+        r.path.push_back(child);
+        node = child;
     }
-    sampler.distribution(row(static_cast<int>(drafts.size())), p);
-    r.next = sampler.draw(p);
-    sampler.accept(r.next);
+    r.n_accepted = static_cast<int>(r.path.size());
     return r;
+}
+
+llama_token first_token(const float * logits, TargetSampler & sampler) {
+    const llama_token first = sampler.sample(logits);
+    sampler.accept(first);
+    return first;
 }
 
 }  // namespace pdf2

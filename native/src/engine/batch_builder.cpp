@@ -1,0 +1,280 @@
+// The batch builder: a step's rows (chains, trees with their branch sequences, pending rows,
+// filler rows), the decodes, and the logits of their rows.
+#include "engine/batch_engine.h"
+
+#include "common/errors.h"
+
+#include <chrono>
+#include <exception>
+
+namespace pdf2 {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+}  // namespace
+
+void BatchEngine::add_row(llama_token token, int32_t pos, int seq, bool logits) {
+    const int32_t i = batch_.n_tokens;
+    batch_.token[i] = token;
+    batch_.pos[i] = pos;
+    batch_.n_seq_id[i] = 1;
+    batch_.seq_id[i][0] = seq;
+    batch_.logits[i] = logits ? 1 : 0;
+    batch_.n_tokens = i + 1;
+}
+
+void BatchEngine::add_row(llama_token token, int32_t pos, const std::vector<int32_t> & seqs, bool logits) {
+    const int32_t i = batch_.n_tokens;
+    batch_.token[i] = token;
+    batch_.pos[i] = pos;
+    batch_.n_seq_id[i] = static_cast<int32_t>(seqs.size());
+    std::copy(seqs.begin(), seqs.end(), batch_.seq_id[i]);
+    batch_.logits[i] = logits ? 1 : 0;
+    batch_.n_tokens = i + 1;
+}
+
+// The tree decoded the way llama.cpp decodes trees (examples/speculative): one sequence per
+// leaf, holding a copy of the slot's context (metadata in a unified cache), and every node a
+// row in the sequences of the leaves below it. A row then attends to the context and to its
+// ancestors only (llama.cpp masks cells by sequence and position), and one decode computes all.
+void BatchEngine::add_tree_rows(int idx, Slot & s) {
+    const DraftTree & t = s.rows.block.tree;
+    const int n = t.size();
+    std::vector<char> has_child(static_cast<size_t>(n), 0);
+    for (int v = 0; v < n; ++v) {
+        if (t.parent[static_cast<size_t>(v)] >= 0) has_child[static_cast<size_t>(t.parent[static_cast<size_t>(v)])] = 1;
+    }
+    std::vector<std::vector<int32_t>> seqs(static_cast<size_t>(n));
+    s.rows.branches.clear();
+    s.rows.node_branch.assign(static_cast<size_t>(n), -1);
+    for (int leaf = 0; leaf < n; ++leaf) {
+        if (has_child[static_cast<size_t>(leaf)]) continue;
+        const int32_t b = n_slots() + idx * opts_.tree_budget + static_cast<int32_t>(s.rows.branches.size());
+        s.rows.branches.push_back(b);
+        for (int v = leaf; v >= 0; v = t.parent[static_cast<size_t>(v)]) {
+            seqs[static_cast<size_t>(v)].push_back(b);
+            if (s.rows.node_branch[static_cast<size_t>(v)] < 0) s.rows.node_branch[static_cast<size_t>(v)] = b;
+        }
+    }
+    llama_memory_t mem = llama_get_memory(ctx_.ctx);
+    for (const int32_t b : s.rows.branches) {
+        llama_memory_seq_rm(mem, b, -1, -1);  // nothing should be left; a failed step may have left rows
+        llama_memory_seq_cp(mem, idx, b, -1, -1);
+    }
+    std::vector<int32_t> all = s.rows.branches;  // pending rows: committed, so in the slot and every branch
+    all.push_back(idx);
+    add_pending_rows(s, all);
+    s.rows.row0 = batch_.n_tokens;
+    add_row(s.seq.anchor, s.seq.pos, s.rows.branches, true);
+    // Depth first, best child first: a row's cells come in batch order, so the first-child chain
+    // sits at the cells of its positions and every path's cells increase with depth. Flash
+    // attention then sums each row's keys in position order, as a chain's, gaps skipped
+    // (benchmarks/tree_attention.py: bit-identical rows); the commit keeps that order (commit_tree).
+    s.rows.node_row.assign(static_cast<size_t>(n), 0);
+    std::vector<int32_t> stack;
+    for (int v = n - 1; v >= 0; --v) {
+        if (t.parent[static_cast<size_t>(v)] < 0) stack.push_back(v);  // later siblings deeper in the stack
+    }
+    int32_t row = 1;
+    while (!stack.empty()) {
+        const int32_t v = stack.back();
+        stack.pop_back();
+        s.rows.node_row[static_cast<size_t>(v)] = row++;
+        add_row(t.token[static_cast<size_t>(v)], s.seq.pos + t.depth[static_cast<size_t>(v)], seqs[static_cast<size_t>(v)],
+                true);
+        for (int c = n - 1; c > v; --c) {
+            if (t.parent[static_cast<size_t>(c)] == v) stack.push_back(c);
+        }
+    }
+}
+
+void BatchEngine::add_pending_rows(Slot & s, const std::vector<int32_t> & seqs) {
+    for (size_t j = 0; j < s.seq.pending.size(); ++j) {
+        add_row(s.seq.pending[j], s.seq.pending_pos0 + static_cast<int32_t>(j), seqs, true);
+    }
+}
+
+void BatchEngine::flush_pending(int idx, Slot & s) {
+    if (s.seq.pending.empty() || s.state == State::Idle) {
+        return;
+    }
+    try {
+        batch_.n_tokens = 0;
+        add_pending_rows(s, {idx});
+        decode_batch(true);
+        s.seq.pending.clear();
+    } catch (const Error &) {
+        // the sequence keeps what it held; stop() cuts the slot's history back to that
+        llama_memory_seq_rm(llama_get_memory(ctx_.ctx), idx, s.seq.pending_pos0, -1);
+    }
+}
+
+void BatchEngine::remove_branches(Slot & s) {
+    llama_memory_t mem = llama_get_memory(ctx_.ctx);
+    for (const int32_t b : s.rows.branches) {
+        llama_memory_seq_rm(mem, b, -1, -1);
+    }
+    s.rows.branches.clear();
+}
+
+void BatchEngine::add_filler_rows(int seq, int n) {
+    const llama_pos p0 = llama_memory_seq_pos_max(llama_get_memory(ctx_.ctx), seq) + 1;
+    if (p0 + n > opts_.n_ctx_slot) {
+        return;  // no room in its stream: llama.cpp splits the batch there, which costs time only
+    }
+    // Fillers of plain steps (one row a slot) skip the LM head. A lazy-head verify (n > 1) wants
+    // every row of the batch to output, and so does a capture of the last layer's output.
+    const bool logits = n > 1 || target_.outputs_all_rows();
+    for (int j = 0; j < n; ++j) {
+        add_row(0, p0 + j, seq, logits);
+    }
+    fillers_.emplace_back(seq, p0);
+    stats_.n_filler_rows += n;
+}
+
+void BatchEngine::remove_filler_rows() {
+    llama_memory_t mem = llama_get_memory(ctx_.ctx);
+    for (const auto & [seq, p0] : fillers_) {
+        llama_memory_seq_rm(mem, seq, p0, -1);
+    }
+    fillers_.clear();
+}
+
+void BatchEngine::decode_batch(bool prefill, bool lazy_head) {
+    // On the callback path the capture copies the batch's rows of every feature
+    // layer. A batch is one ubatch (at most n_ubatch rows; one sequence, or equal
+    // rows per sequence in slot order), so the graph's rows are the batch's rows in
+    // order, as with the taps; any other split fails check_complete's shape test.
+    const bool capturing = target_.capture_path() == CapturePath::Callback && !target_.feature_layers().empty();
+    if (capturing) {
+        feature_capture_->arm(target_.feature_layers(), target_.n_embd(), batch_.n_tokens);
+    }
+    // verify rows of drafting slots: the head runs later, for the rows each verify reaches
+    const bool cut = lazy_head && target_.arm_lazy_head(batch_.n_tokens);
+    // Verify rows are generation work: they run with the one-row decodes' threads (n_threads),
+    // not the prompt threads (n_threads_batch, which llama.cpp takes for any batch > 1): more
+    // threads than plain decoding uses spin at every graph barrier on a busy machine.
+    const int32_t nt = llama_n_threads(ctx_.ctx);
+    const int32_t ntb = llama_n_threads_batch(ctx_.ctx);
+    const bool swap_threads = !prefill && batch_.n_tokens > 1 && nt != ntb;
+    if (swap_threads) {
+        llama_set_n_threads(ctx_.ctx, nt, nt);
+    }
+    const auto t0 = Clock::now();
+    const int32_t rc = llama_decode(ctx_.ctx, batch_);
+    const double dt = seconds_since(t0);
+    if (swap_threads) {
+        llama_set_n_threads(ctx_.ctx, nt, ntb);
+    }
+    stats_.decode_s += dt;
+    (prefill ? stats_.prefill_decode_s : stats_.verify_decode_s) += dt;
+    if (capturing) {
+        feature_capture_->disarm();
+    }
+    target_.end_lazy_head(cut, batch_.n_tokens);
+    if (rc != 0) {
+        throw Error("target llama_decode failed (code " + std::to_string(rc) + ") on a batch of " +
+                    std::to_string(batch_.n_tokens) + " rows");
+    }
+    if (capturing) {
+        feature_capture_->check_complete(target_.arch());
+    }
+    stats_.n_steps += 1;
+    stats_.n_rows += batch_.n_tokens;
+}
+
+const float * BatchEngine::row_logits(int32_t row) {
+    if (target_.last_decode_lazy()) {
+        return target_.lazy_logits(row);  // the head runs now, for this row only
+    }
+    const float * r = llama_get_logits_ith(ctx_.ctx, row);
+    if (r == nullptr) {
+        throw Error("target produced no logits for batch row " + std::to_string(row));
+    }
+    return r;
+}
+
+// One group of slots with equal verify rows, in slot order. llama.cpp also needs the sequences
+// of one ubatch to be consecutive: a slot between two members (idle, prefilling, or in another
+// group) would split the batch, and each ubatch is a pass over the weights (a gap cost 40 -> 47
+// ms a step of 8 slots at 2 threads). Such a slot gets n_rows filler rows after what its
+// sequence holds instead; they are cut off again right after the decode.
+int32_t BatchEngine::add_group_rows(int n_rows, const std::vector<int> & members) {
+    batch_.n_tokens = 0;
+    const bool fill = fill_gaps_ && n_rows * (members.back() - members.front() + 1) <= batch_cap_;
+    size_t next = 0;
+    for (int i = members.front(); i <= members.back(); ++i) {
+        if (members[next] != i) {
+            if (fill) add_filler_rows(i, n_rows);
+            continue;
+        }
+        ++next;
+        Slot & s = slots_[static_cast<size_t>(i)];
+        if (s.rows.block.is_tree) {
+            add_tree_rows(i, s);  // its pending rows first, then the anchor (row0) and the nodes
+        } else {
+            add_chain_rows(i, s);
+        }
+    }
+    return batch_.n_tokens - n_rows * static_cast<int32_t>(members.size());
+}
+
+void BatchEngine::add_chain_rows(int idx, Slot & s) {
+    add_pending_rows(s, {idx});
+    s.rows.row0 = batch_.n_tokens;
+    add_row(s.seq.anchor, s.seq.pos, idx, true);
+    const std::vector<llama_token> & drafts = s.rows.block.tokens;
+    for (size_t j = 0; j < drafts.size(); ++j) {
+        add_row(drafts[j], s.seq.pos + 1 + static_cast<int32_t>(j), idx, true);
+    }
+}
+
+void BatchEngine::decode_group(int n_rows, const std::vector<int> & members) {
+    struct RemoveFillers {  // right after the decode, also when it throws (with the trees' branches then)
+        BatchEngine & engine;
+        const std::vector<int> & members;
+        ~RemoveFillers() {
+            engine.remove_filler_rows();
+            if (std::uncaught_exceptions() > 0) {
+                for (const int i : members) engine.remove_branches(engine.slots_[static_cast<size_t>(i)]);
+            }
+        }
+    } remove_fillers{*this, members};
+    decode_batch(false, /*lazy_head =*/n_rows > 1);  // plain rows (one per slot) all need their head
+}
+
+// Prompt chunks, one decode per slot (a sequence alone is one ubatch), at most batch_cap_ prompt
+// rows per step so that decoding slots keep their pace; slots take turns at going first.
+int BatchEngine::prefill_chunks(std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
+    const int n_slots_i = n_slots();
+    int rows_left = batch_cap_;
+    int rows = 0;
+    for (int k = 0; k < n_slots_i && rows_left > 0; ++k) {
+        const int i = (prefill_cursor_ + k) % n_slots_i;
+        Slot & s = slots_[static_cast<size_t>(i)];
+        if (s.state != State::Prefill) {
+            continue;
+        }
+        const int32_t left = static_cast<int32_t>(s.request.prompt.size()) - s.seq.n_prefilled;
+        const int32_t chunk = std::min(left, rows_left);
+        batch_.n_tokens = 0;
+        s.rows.row0 = 0;
+        for (int32_t j = 0; j < chunk; ++j) {
+            const int32_t p = s.seq.n_prefilled + j;
+            add_row(s.request.prompt[static_cast<size_t>(p)], p, i, j == left - 1 || target_.outputs_all_rows());
+        }
+        s.rows.n_rows = chunk;
+        decode_batch(true);
+        rows += chunk;
+        rows_left -= chunk;
+        commit_prefill(i, s, counts, tokens);
+    }
+    prefill_cursor_ = (prefill_cursor_ + 1) % n_slots_i;
+    return rows;
+}
+
+}  // namespace pdf2

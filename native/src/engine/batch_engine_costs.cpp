@@ -1,0 +1,74 @@
+// The engine's side of the cost model (cost_model.h): the costs it is given, and measuring them.
+#include "engine/batch_engine.h"
+
+#include "common/errors.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace pdf2 {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+}  // namespace
+
+void BatchEngine::set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s) {
+    costs_.verify_s = verify_s;
+    costs_.draft_s = draft_s;
+    shared_policy_.set_costs(costs_);
+    for (Slot & s : slots_) {
+        s.drafting.policy.set_costs(costs_);
+    }
+}
+
+void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify_s, std::vector<double> & draft_s) {
+    Slot & s = slot_at(slot);
+    if (s.state != State::Decode || s.drafting.drafter == nullptr) {
+        throw Error("measure_costs() needs a slot that has finished its prefill and a drafter");
+    }
+    reps = std::max(1, reps);
+    const int max_b = max_verify_rows();
+    if (s.seq.pos + max_b > opts_.n_ctx_slot) {
+        throw Error("context too small to measure costs");
+    }
+    flush_rows(s);
+    llama_memory_t mem = llama_get_memory(ctx_.ctx);
+    const BatchStats saved = stats_;  // measuring is no request's work
+    std::vector<std::vector<double>> vt(static_cast<size_t>(max_b)), dt(static_cast<size_t>(max_draft_));
+    for (int r = 0; r < reps; ++r) {
+        // interleave the sizes so that machine noise spreads evenly over them
+        for (int b = 1; b <= max_b; ++b) {
+            batch_.n_tokens = 0;
+            for (int j = 0; j < b; ++j) {
+                add_row(s.seq.anchor, s.seq.pos + j, slot, true);
+            }
+            // as a verify runs it: with a lazy head, the decode plus the head of its first row
+            const auto t0 = Clock::now();
+            decode_batch(false, /*lazy_head =*/b > 1);
+            (void) row_logits(0);
+            vt[static_cast<size_t>(b - 1)].push_back(seconds_since(t0));
+            llama_memory_seq_rm(mem, slot, s.seq.pos, -1);
+        }
+        for (int n = 1; n <= max_draft_; ++n) {
+            const auto t0 = Clock::now();
+            s.drafting.drafter->propose(s.seq.anchor, s.seq.pos, n + 1);
+            (void) s.drafting.drafter->walk(WalkMode::Greedy, 0.0f, 0, opts_.q_top_k);
+            dt[static_cast<size_t>(n - 1)].push_back(seconds_since(t0));
+        }
+    }
+    auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+    };
+    verify_s.assign(vt.size(), 0.0);
+    draft_s.assign(dt.size(), 0.0);
+    for (size_t i = 0; i < vt.size(); ++i) verify_s[i] = median(vt[i]);
+    for (size_t i = 0; i < dt.size(); ++i) draft_s[i] = median(dt[i]);
+    stats_ = saved;
+}
+
+}  // namespace pdf2

@@ -1,0 +1,104 @@
+#include "engine/batch_engine.h"
+
+#include "common/json_writer.h"
+
+namespace pdf2 {
+
+std::string BatchEngine::stats_json() const {
+    JsonWriter w;
+    w.begin_object();
+    w.field("n_slots", static_cast<int64_t>(slots_.size()));
+    w.field("max_draft", max_draft_);
+    w.field("n_steps", stats_.n_steps);
+    w.field("n_rows", stats_.n_rows);
+    w.field("n_filler_rows", stats_.n_filler_rows);
+    w.field("lazy_head_rows", target_.lazy_head_rows());  // verify rows whose LM head ran (lazily)
+    // whether verify decodes stop before the LM head (and why not, once tried and refused)
+    w.field("lazy_head", head_capture_ != nullptr && feed_drafters_ && target_.lazy_head_error().empty());
+    if (!target_.lazy_head_error().empty()) {
+        w.field("lazy_head_error", target_.lazy_head_error());
+    }
+    w.field("n_prompt", stats_.n_prompt);
+    w.field("n_prompt_reused", stats_.n_prompt_reused);
+    w.field("n_generated", stats_.n_generated);
+    w.field("n_drafts", stats_.n_drafts);
+    w.field("n_draft_tokens", stats_.n_draft_tokens);
+    w.field("n_accepted", stats_.n_accepted);
+    w.field("draft_s", stats_.draft_s);
+    w.field("decode_s", stats_.decode_s);
+    w.field("inject_s", stats_.inject_s);
+    w.field("propose_s", stats_.propose_s);
+    w.field("walk_s", stats_.walk_s);
+    w.field("verify_decode_s", stats_.verify_decode_s);
+    w.field("prefill_decode_s", stats_.prefill_decode_s);
+    w.field("verify_logic_s", stats_.verify_logic_s);
+    w.field("graph_setup_s", stats_.graph_setup_s);
+    w.field("step_s", stats_.step_s);
+    w.field("drafter_graph_builds", stats_.n_graph_builds);
+    w.key("accepted_per_position").begin_array();
+    for (const int64_t x : stats_.accepted_per_pos) w.value(x);
+    w.end_array();
+    int64_t busy = 0;
+    for (const Slot & s : slots_) busy += s.state == State::Idle ? 0 : 1;
+    w.field("busy_slots", busy);
+    if (tree_policy_.max_budget() > 0) {
+        // tree_budget = auto: the steps that verified a tree (probes included), and the model's
+        // expected accepted drafts per budget b = 1..max (what the next choice weighs)
+        w.key("tree_auto").begin_object();
+        w.field("max_budget", tree_policy_.max_budget());
+        w.field("tree_steps", n_auto_tree_steps_);
+        w.field("probes", n_tree_probes_);
+        w.key("expected_accepted").begin_array();
+        for (int b = 1; b <= tree_policy_.max_budget(); ++b) w.value(tree_policy_.expected_accepted(b));
+        w.end_array();
+        w.key("chain_acceptance").begin_array();
+        for (const double a : shared_policy_.acceptance()) w.value(a);
+        w.end_array();
+        if (costs_.has_row_cost()) {
+            // the choice one slot would make now: the best tree, against the chain's best n (0 = plain)
+            const auto [b, tree_rate] = tree_policy_.best([&](int nodes) { return costs_.step_seconds(1, nodes + 1, max_draft_); });
+            const int n = shared_policy_.best();
+            w.field("best_budget", b);
+            w.field("tree_expected_tokens", 1.0 + tree_policy_.expected_accepted(b));
+            w.field("tree_rate", tree_rate);
+            w.field("chain_n", n);
+            w.field("chain_expected_tokens", shared_policy_.expected_tokens(n));
+            w.field("chain_rate", shared_policy_.expected_rate(n));
+            w.field("plain_rate", shared_policy_.expected_rate(0));
+        }
+        w.end_object();
+    }
+    w.end_object();
+    return w.str();
+}
+
+std::string BatchEngine::slot_stats_json(int slot) {
+    const Slot & s = slot_at(slot);
+    const SlotStats & st = s.request.stats;
+    JsonWriter w;
+    w.begin_object();
+    w.field("n_prompt", st.n_prompt);
+    w.field("n_reused", st.n_reused);
+    w.field("n_generated", st.n_generated);
+    w.field("n_steps", st.n_steps);
+    w.field("n_spec_steps", st.n_spec_steps);
+    const int64_t after_first = std::max<int64_t>(0, st.n_generated - 1);
+    w.field("tau", st.n_steps > 0 ? static_cast<double>(after_first) / static_cast<double>(st.n_steps) : 0.0);
+    w.field("max_draft", max_draft_);
+    auto array = [&](const char * name, const std::vector<int64_t> & v) {
+        w.key(name).begin_array();
+        for (const int64_t x : v) w.value(x);
+        w.end_array();
+    };
+    array("drafted_per_position", st.drafted);
+    array("accepted_per_position", st.accepted);
+    array("n_max_histogram", st.n_max_used);
+    w.field("n_tree_steps", st.n_tree_steps);
+    w.key("acceptance_estimate").begin_array();
+    for (const double a : s.drafting.policy.acceptance()) w.value(a);
+    w.end_array();
+    w.end_object();
+    return w.str();
+}
+
+}  // namespace pdf2

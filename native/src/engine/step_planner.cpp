@@ -1,0 +1,164 @@
+// The planner: what each step verifies. Per decoding slot the draft length (its policy, the
+// batch's common length under the cost model, the probes), the automatic tree budget, and the
+// caps of context, max_tokens, batch share and pending rows; then it asks each slot's draft
+// source for the block and groups the slots by their verify rows.
+#include "engine/batch_engine.h"
+
+#include <algorithm>
+
+namespace pdf2 {
+
+int BatchEngine::slot_draft_length(Slot & s) const {
+    if (s.drafting.drafter == nullptr || max_draft_ == 0) {
+        return 0;
+    }
+    return opts_.draft_length == DraftLength::Adaptive ? s.drafting.policy.best() : max_draft_;  // probes: plan_step()
+}
+
+// Each slot's policy prices a block as if it were decoded alone, where a drafted row costs a
+// fraction of the first (weights are read once). In a batch of many slots on a CPU every row
+// costs about the same, so the common length maximises the batch's rate under the cost model's
+// linear model (StepCosts::step_seconds).
+int BatchEngine::batch_draft_length(const std::vector<size_t> & decoding) const {
+    const int n_decoding = static_cast<int>(decoding.size());
+    int best = 0;
+    double best_rate = -1.0;
+    for (int n = 0; n <= max_draft_; ++n) {
+        double tokens = 0.0;
+        for (const size_t i : decoding) {
+            tokens += slots_[i].drafting.policy.expected_tokens(n);
+        }
+        const double rate = tokens / std::max(costs_.step_seconds(n_decoding, n + 1, n), 1e-9);
+        if (rate > best_rate) {
+            best = n;
+            best_rate = rate;
+        }
+    }
+    return best;
+}
+
+int BatchEngine::auto_tree_budget(const std::vector<size_t> & decoding, int n_chain, bool chain_probe) {
+    if (tree_policy_.max_budget() == 0 || decoding.empty() || !costs_.has_row_cost()) {
+        return 0;
+    }
+    const int n_decoding = static_cast<int>(decoding.size());
+    double chain_tokens = 0.0;
+    for (const size_t i : decoding) chain_tokens += slots_[i].drafting.policy.expected_tokens(n_chain);
+    const double chain_rate = chain_tokens / std::max(costs_.step_seconds(n_decoding, n_chain + 1, n_chain), 1e-9);
+    // per slot: (1 + expected accepted) over its share of the step
+    const auto [best_budget, tree_rate] = tree_policy_.best(
+        [&](int nodes) { return costs_.step_seconds(n_decoding, nodes + 1, max_draft_) / n_decoding; });
+    const bool chosen = tree_policy_.has_trees() && best_budget > 0 && tree_rate > chain_rate;
+    // a chosen tree restarts the probe schedule; no tree probe while the chain probes (one at a time)
+    const bool probe = (chosen || !chain_probe) && tree_policy_.schedule(chosen);
+    const int budget = chosen ? best_budget
+                       : !probe ? 0
+                       : tree_policy_.has_trees() && best_budget > 0 ? best_budget
+                                                                     : tree_policy_.probe_budget();
+    n_tree_probes_ += probe ? 1 : 0;
+    n_auto_tree_steps_ += budget > 0 ? 1 : 0;
+    return budget;
+}
+
+// Every decoding slot verifies the same number of rows: llama.cpp splits a multi-sequence batch
+// into ubatches of equal rows per sequence, so equal rows keep it one ubatch (and our rows in
+// batch order). The common draft length is the longest any slot's policy asks for.
+BatchEngine::StepPlan BatchEngine::plan_step(std::vector<int32_t> & counts) {
+    StepPlan plan;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+        Slot & s = slots_[i];
+        if (s.state == State::Decode && s.seq.pos >= opts_.n_ctx_slot) {
+            s.state = State::Full;
+            counts[i] = -1;
+        }
+        if (s.state == State::Decode) {
+            plan.decoding.push_back(i);
+            plan.common_length = std::max(plan.common_length, slot_draft_length(s));
+        }
+    }
+    const int n_decoding = static_cast<int>(plan.decoding.size());
+    const bool adaptive = opts_.draft_length == DraftLength::Adaptive && max_draft_ > 0;
+    if (adaptive && costs_.has_row_cost() && n_decoding > 1) {
+        plan.common_length = batch_draft_length(plan.decoding);
+    }
+    // While nobody drafts, a probe now and then lets the acceptance estimate
+    // recover. One schedule for the engine, counted in steps (a new request
+    // does not restart it: with many short requests, per-request schedules
+    // probed in most of them), and one slot probes at a time, in turn.
+    if (adaptive && n_decoding > 0) {
+        const int n = shared_policy_.schedule(plan.common_length);
+        if (shared_policy_.probing()) {
+            plan.probe_slot = static_cast<int>(plan.decoding[static_cast<size_t>(probe_turn_++) % plan.decoding.size()]);
+            plan.probe_length = n;
+        }
+    }
+    // tree_budget = auto: a tree for every decoding slot when the cost model prices it above the
+    // chain's choice (or now and then as a probe), at the block's full depth; else the chain
+    plan.tree_budget = !opts_.tree_auto ? opts_.tree_budget
+                                        : auto_tree_budget(plan.decoding, plan.common_length, plan.probe_slot >= 0);
+    if (opts_.tree_auto && plan.tree_budget > 0) {
+        plan.common_length = max_draft_;
+        plan.probe_slot = -1;
+    }
+    plan.row_share = n_decoding > 0 ? batch_cap_ / n_decoding - 1 : 0;
+    plan.slots.resize(slots_.size());
+    for (const size_t i : plan.decoding) plan.slots[i] = plan_slot(plan, i);
+    return plan;
+}
+
+// The caps of one slot: the verify rows [anchor, d1..dn] must fit its context, the request's
+// max_tokens and its share of the batch, after its pending rows.
+BatchEngine::SlotPlan BatchEngine::plan_slot(const StepPlan & plan, size_t i) const {
+    const Slot & s = slots_[i];
+    SlotPlan out;
+    // a probing slot drafts its probe (in a group of its own when the others do not draft)
+    const int wanted = static_cast<int>(i) == plan.probe_slot ? std::max(plan.probe_length, plan.common_length)
+                                                              : plan.common_length;
+    const int room = opts_.n_ctx_slot - s.seq.pos - 1;
+    int n = s.drafting.drafter == nullptr ? 0 : std::min({wanted, room, plan.row_share});
+    if (s.request.max_tokens > 0) {
+        // no rows past the request's last token (a slot near its end may verify in a group of its own)
+        n = std::max(0, std::min<int>(n, s.request.max_tokens - static_cast<int>(s.request.stats.n_generated) - 1));
+    }
+    const int n_pending = static_cast<int>(s.seq.pending.size());
+    out.n_drafts = std::max(0, std::min(n, plan.row_share - n_pending));
+    if (plan.tree_budget > 0 && out.n_drafts > 0) {
+        // its rows share the batch like a chain's; a borrowed context holds no cells beyond its size
+        out.tree_budget = std::min(plan.tree_budget, plan.row_share - n_pending);
+        if (borrowed_) out.tree_budget = std::min(out.tree_budget, room);
+    }
+    return out;
+}
+
+BatchEngine::Groups BatchEngine::draft_blocks(const StepPlan & plan) {
+    Groups groups;  // a slot near its context end drafts less: a group of its own
+    for (const size_t i : plan.decoding) {
+        Slot & s = slots_[i];
+        draft(s, plan.slots[i]);
+        // a grammar may end the block early
+        groups[static_cast<int>(s.seq.pending.size() + s.rows.block.tokens.size()) + 1].push_back(static_cast<int>(i));
+    }
+    return groups;
+}
+
+void BatchEngine::draft(Slot & s, const SlotPlan & p) {
+    DraftBlock & block = s.rows.block;
+    block.clear();
+    if (p.n_drafts <= 0) {
+        return;
+    }
+    DraftRequest req;
+    req.anchor = s.seq.anchor;
+    req.pos = s.seq.pos;
+    req.n = p.n_drafts;
+    req.tree_budget = p.tree_budget;
+    req.sampler = s.request.sampler.get();
+    s.drafting.source->draft(req, block);
+    stats_.graph_setup_s += block.graph_setup_s;
+    stats_.n_graph_builds += block.n_graph_builds;
+    stats_.propose_s += block.propose_s;
+    stats_.walk_s += block.walk_s;
+    stats_.draft_s += block.seconds;
+}
+
+}  // namespace pdf2
