@@ -147,7 +147,8 @@ int32_t pdf2_draft_length_rates(const double * verify_s, int32_t n_verify, const
  * NULL/0 with n_max = 0. n_threads (one-row decodes and verify rows) /
  * n_threads_batch (prompt chunks) <= 0: llama.cpp's default. flash_attn: -1
  * auto, 0 off, 1 on. n_max: drafts per block, -1 = adaptive, 0 = plain
- * decoding. walk: -1 auto (sample when the target samples, else greedy), 0
+ * decoding. max_draft >= 0 caps the drafts per step (as for
+ * pdf2_batch_engine_new_borrowed; < 0: no cap). walk: -1 auto (sample when the target samples, else greedy), 0
  * greedy, 1 sample, 2 viterbi. q_top_k: support of a DFlash1 draft
  * distribution. The drafters' features come through llama.cpp's layer-input
  * taps, or, for an architecture without them (capture rule), through the
@@ -163,7 +164,8 @@ typedef struct pdf2_batch_engine pdf2_batch_engine;
 
 pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_t n_slots, int32_t n_ctx_slot, int32_t n_threads,
                                           int32_t n_threads_batch, int32_t flash_attn, pdf2_drafter ** drafters, int32_t n_drafters,
-                                          int32_t n_max, int32_t walk, int32_t q_top_k, int32_t tree_budget);
+                                          int32_t n_max, int32_t max_draft, int32_t walk, int32_t q_top_k,
+                                          int32_t tree_budget);
 /* One slot in a context the caller owns (target_ctx: a llama_context *, e.g.
  * llama_cpp.Llama._ctx.ctx; its size and threads are the slot's). The owner may
  * decode there between requests: each start() claims the context again and

@@ -23,8 +23,8 @@ pdf2::BatchEngine & get(pdf2_batch_engine * e) { return pdf2::handle_impl(e, "ba
 extern "C" pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_t n_slots, int32_t n_ctx_slot,
                                                      int32_t n_threads, int32_t n_threads_batch, int32_t flash_attn,
                                                      pdf2_drafter ** drafters,
-                                                     int32_t n_drafters, int32_t n_max, int32_t walk,
-                                                     int32_t q_top_k, int32_t tree_budget) {
+                                                     int32_t n_drafters, int32_t n_max, int32_t max_draft,
+                                                     int32_t walk, int32_t q_top_k, int32_t tree_budget) {
     return pdf2::guarded<pdf2_batch_engine *>(nullptr, [&] {
         pdf2::check_walk_options(walk, q_top_k);
         if (flash_attn < -1 || flash_attn > 1) {
@@ -44,6 +44,7 @@ extern "C" pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_
         opts.n_threads_batch = n_threads_batch;
         opts.flash_attn = flash_attn;
         opts.n_max = n_max;
+        opts.max_draft = max_draft;
         opts.walk = walk;
         opts.q_top_k = q_top_k;
         opts.tree_budget = tree_budget < 0 ? -tree_budget : tree_budget;  // < 0: auto, at most -tree_budget
