@@ -9,6 +9,7 @@ the process holds exactly one ggml.
 
 from __future__ import annotations
 
+import ctypes
 import json
 from pathlib import Path
 from typing import Any
@@ -65,3 +66,15 @@ def take_string(ptr: Any, what: str) -> str:
 
 def take_json(ptr: Any, what: str) -> dict[str, Any]:
     return json.loads(take_string(ptr, what))
+
+
+def check(rc: int, error: type[NativeError], what: str) -> int:
+    """rc of a library call (negative: failed); a failure raises `error` with the native message."""
+    if rc < 0:
+        raise error(last_error() or f"{what} failed")
+    return rc
+
+
+def void_ptr(p: Any) -> Any:
+    """A ctypes pointer from llama_cpp (llama_model *, llama_context *) as a cffi void *."""
+    return ffi.cast("void *", ctypes.cast(p, ctypes.c_void_p).value)

@@ -38,24 +38,6 @@ def tree_budget_spec(value: int | str) -> tuple[int, bool]:
     return value, False
 
 
-@dataclass(frozen=True)
-class EnginePlan:
-    """What the native engines take for an n_max and a tree budget (already capped by the caller),
-    and whether the cost model needs measured costs: the one place Speculator and the server's
-    BatchEngine derive them."""
-
-    n_max: int  # drafts per step; -1 = automatic; 255 = a fixed tree's depth: the drafter's block
-    tree_budget: int  # nodes per tree; 0 = the chain; < 0 = automatic, at most -tree_budget
-    measure_costs: bool  # n_max auto over the chain, or tree_budget auto
-
-    @classmethod
-    def of(cls, n_max: int | str, tree_budget: int, tree_auto: bool) -> EnginePlan:
-        fixed_tree = bool(tree_budget) and not tree_auto
-        return cls(n_max=(255 if fixed_tree else -1) if n_max == "auto" else int(n_max),
-                   tree_budget=-tree_budget if tree_auto else tree_budget,
-                   measure_costs=(n_max == "auto" and not tree_budget) or tree_auto)
-
-
 class DraftTreeError(_native.NativeError):
     """A lattice or budget the tree builder refuses."""
 

@@ -21,7 +21,8 @@ import numpy as np
 from . import _native
 from ._native import ffi, lib
 
-WALK_MODES = {"greedy": 0, "sample": 1, "viterbi": 2}
+# the selectors: how a walk picks one path through the lattice (native/src/drafter/selector_walk.h)
+SELECTORS = {"greedy": 0, "sample": 1, "viterbi": 2}
 
 
 class DrafterError(_native.NativeError):
@@ -53,8 +54,7 @@ class Walk:
 
 
 def _check(rc: int, what: str) -> None:
-    if rc != 0:
-        raise DrafterError(_native.last_error() or f"{what} failed")
+    _native.check(rc, DrafterError, what)
 
 
 def _path(p: str | os.PathLike[str] | None) -> Any:
@@ -206,8 +206,8 @@ class Drafter:
         """Walks the last proposal: "greedy" (the reference), "sample" at
         temperature (q = softmax(score/T) over the k candidates), or "viterbi".
         top_k: size of q for DFlash1 drafters (DFlash2 uses selector_top_k)."""
-        if mode not in WALK_MODES:
-            raise DrafterError(f"walk mode must be one of {sorted(WALK_MODES)}, got {mode!r}")
+        if mode not in SELECTORS:
+            raise DrafterError(f"walk mode must be one of {sorted(SELECTORS)}, got {mode!r}")
         if self._last_n == 0:
             raise DrafterError("walk: no proposal yet (call propose first)")
         P = self._last_n - 1
@@ -219,7 +219,7 @@ class Drafter:
         q = np.empty((P, k), dtype=np.float32)
         rc = lib.pdf2_drafter_walk(
             self._h,
-            WALK_MODES[mode],
+            SELECTORS[mode],
             float(temperature),
             int(seed) & (2**64 - 1),
             k,

@@ -115,10 +115,16 @@ def llama_invariance(llm: Any) -> Invariance:
     import llama_cpp
 
     fa = int(llm.context_params.flash_attn_type) != llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    return model_invariance(llm, flash_attn=fa, n_ctx=llm.n_ctx())
+
+
+def model_invariance(llm: Any, *, flash_attn: bool, n_ctx: int) -> Invariance:
+    """The same question for another context on a Llama's loaded model (its weights and devices),
+    made with flash_attn and n_ctx KV cells (the server's engine makes its own)."""
     return target_invariance(
         llm.model_path,
-        flash_attn=fa,
-        n_ctx=llm.n_ctx(),
+        flash_attn=flash_attn,
+        n_ctx=n_ctx,
         use_extra_bufts=bool(llm.model_params.use_extra_bufts),
         uses_gpu=_uses_gpu(llm),
     )

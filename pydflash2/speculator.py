@@ -14,7 +14,6 @@ strings, and reports finish reasons and statistics.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -26,23 +25,18 @@ import llama_cpp
 import numpy as np
 from llama_cpp import _internals
 
-from . import _native, devices, draft_costs, exactness
 from . import capture as feature_capture
-from ._native import ffi, lib
+from . import devices, exactness
+from ._engine import EngineConfig, GenerationError, NativeEngine, exact_config, greedy_is_exact
 from .chat_template import chat_prompt_tokens
 from .cpu_threads import default_threads
-from .draft_tree import EnginePlan, tree_budget_spec
+from .draft_tree import tree_budget_spec
 from .drafter import Drafter
 from .exactness import ExactnessUnavailable
-from .sampling import SamplingRequest, TokenLogprob, step_logprobs
+from .sampling import SamplingRequest, TokenLogprob
 from .text_stream import TextStream
 
-SELECTORS = {"auto": -1, "greedy": 0, "sample": 1, "viterbi": 2}
 FINISH_REASONS = ("stop", "length", "eos", "context")
-
-
-class GenerationError(_native.NativeError):
-    """The native loop failed (bad sampling parameters, context too small...)."""
 
 
 @dataclass
@@ -53,12 +47,6 @@ class Completion:
     stats: dict[str, Any] = field(default_factory=dict)
     # one per token when logprobs were asked for (else None)
     logprobs: list[TokenLogprob] | None = None
-
-
-def _check(rc: int, what: str) -> int:
-    if rc < 0:
-        raise GenerationError(_native.last_error() or f"{what} failed")
-    return rc
 
 
 class Speculator:
@@ -129,14 +117,10 @@ class Speculator:
         lazy_head: bool = True,
         tree_budget: int | str = 0,
     ) -> None:
-        tree_nodes, tree_auto = tree_budget_spec(tree_budget)
-        if selector not in SELECTORS:
-            raise ValueError(f"selector must be one of {sorted(SELECTORS)}, got {selector!r}")
-        if n_max != "auto" and (not isinstance(n_max, int) or n_max < 0):
-            raise ValueError(f"n_max must be 'auto' or an int >= 0, got {n_max!r}")
+        config = EngineConfig.of(n_max, selector, tree_budget, drafting=draft is not None)
         if rpc_servers:
             devices.add_rpc_servers(rpc_servers)  # before the target loads: it may offload to them
-        if draft is not None and n_max != 0:
+        if config.drafting:
             devices.resolve_device(device)  # an unknown name fails before the target loads
         if capture not in ("auto", "tap", "callback"):
             raise ValueError(f"capture must be 'auto', 'tap' or 'callback', got {capture!r}")
@@ -153,30 +137,27 @@ class Speculator:
             self.llm, self.invariance = load_target(path, n_ctx=n_ctx, n_threads=n_threads, verbose=verbose,
                                                     exact=exact, flash_attn=flash_attn,
                                                     n_gpu_layers=n_gpu_layers, lazy_head=lazy_head,
-                                                    tree_budget=tree_nodes if draft is not None else 0)
+                                                    tree_budget=config.tree_budget)
         self.exact = exact
         self.n_max = n_max
-        #: the largest tree a step verifies (0: the chain); with tree_auto, each step's is chosen
-        self.tree_budget = tree_nodes if draft is not None and n_max != 0 else 0
-        if tree_auto and not owns_llm and self.tree_budget:
+        if config.tree_auto and not owns_llm:
             # a Llama of your own: automatic trees up to what its context was made for (load_target)
-            self.tree_budget = min(self.tree_budget, max(1, int(self.llm.context_params.n_seq_max) - 1))
-        self.tree_auto = tree_auto and self.tree_budget > 0
-        if self.tree_budget and not self.llm.context_params.kv_unified:
+            config = config.with_tree(min(config.tree_budget, max(1, int(self.llm.context_params.n_seq_max) - 1)))
+        if config.tree_budget and not self.llm.context_params.kv_unified:
             raise ValueError("tree verification needs a target context with a unified KV cache and 1 + tree_budget "
                              "sequences: load the Llama with pydflash2.load_target(..., tree_budget=N)")
-        if exact and self.tree_budget and \
-                self.llm.context_params.flash_attn_type != llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED:
-            raise ExactnessUnavailable(
-                "a tree's rows are bit-identical to plain decoding only with flash attention, which exact mode "
-                f"turns off over >= {exactness.FLASH_ATTN_SPLIT_KV} KV cells: use n_ctx < "
-                f"{exactness.FLASH_ATTN_SPLIT_KV}, or no tree")
+        self._flash_attn = self.llm.context_params.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        if exact:
+            config = exact_config(config, self.invariance, flash_attn=self._flash_attn)
+        #: the largest tree a step verifies (0: the chain); with tree_auto, each step's is chosen
+        self.tree_budget = config.tree_budget
+        self.tree_auto = config.tree_auto
         self.selector = selector
         self.drafter: Drafter | None = None
         self.draft_path = None if draft is None else os.fspath(draft)
-        if draft is not None and n_max != 0:
+        if config.drafting:
             self.drafter = Drafter(
-                draft,
+                draft,  # type: ignore[arg-type]
                 self.llm.model_path,
                 n_ctx=self.llm.n_ctx(),
                 # drafting is generation work: the threads plain decoding uses (see BatchEngine::decode_batch)
@@ -200,62 +181,31 @@ class Speculator:
         # the lazy LM head needs the callback in the context the engine decodes in
         head_capturing = self._capturing or own_capturing
         self.lazy_head = bool(lazy_head and self.drafter is not None and head_capturing is not None)
-        ctx_addr = ctypes.cast(target_ctx, ctypes.c_void_p).value
-        max_draft = -1
-        if exact and self.invariance.max_batch is not None:
-            max_draft = self.invariance.max_batch - 1  # larger verify batches take other matmul kernels (exactness.py)
-            if self.tree_auto:
-                self.tree_budget = min(self.tree_budget, max_draft)
-                self.tree_auto = self.tree_budget > 0
-            if self.tree_budget > max_draft:
-                raise ExactnessUnavailable(
-                    f"exact mode keeps verify batches at most {self.invariance.max_batch} rows with this target "
-                    f"({self.invariance.reason or 'its weights switch kernels above that'}): a tree budget of "
-                    f"{self.tree_budget} needs {self.tree_budget + 1}")
-        plan = EnginePlan.of(n_max, self.tree_budget, self.tree_auto)
-        handle = lib.pdf2_batch_engine_new_borrowed(
-            ffi.cast("void *", ctx_addr),
-            self._capturing.capture.handle if self._capturing is not None else ffi.NULL,
-            head_capturing.capture.handle if self.lazy_head and head_capturing is not None else ffi.NULL,
-            self.drafter._h if self.drafter is not None else ffi.NULL,
-            plan.n_max,
-            max_draft,
-            SELECTORS[selector],
-            16,
-            plan.tree_budget,
-        )
-        if handle == ffi.NULL:
-            raise GenerationError(_native.last_error())
-        self._engine = ffi.gc(handle, lib.pdf2_batch_engine_free)
-        self.max_draft = int(lib.pdf2_batch_engine_max_draft(self._engine))
-        # step buffers, made once: the step runs per token
-        self._count = np.zeros(1, dtype=np.int32)
-        self._out = np.zeros(self.max_draft + 1, dtype=np.int32)
-        self._count_c = ffi.from_buffer("int32_t[]", self._count)
-        self._out_c = ffi.from_buffer("int32_t[]", self._out)
+        self._engine: NativeEngine | None = NativeEngine.borrowed(
+            target_ctx, config, drafter=self.drafter,
+            feature_capture=self._capturing.capture if self._capturing is not None else None,
+            head_capture=head_capturing.capture if self.lazy_head and head_capturing is not None else None)
+        self.max_draft = self._engine.max_draft
+        self.max_verify_rows = self._engine.max_verify_rows
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
         # per token id, memoized: one dict lookup per generated token instead of a C call each
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
         self.costs: dict[str, list[float]] | None = None
-        self.max_verify_rows = int(lib.pdf2_batch_engine_max_verify_rows(self._engine))
-        if plan.measure_costs and self.drafter is not None and self.max_draft > 0:
+        if self.drafter is not None:
             assert self.draft_path is not None
-            key = draft_costs.cost_key(self.llm.model_path, self.draft_path, self.drafter.device,
-                                       self.llm.context_params.n_threads, self.max_draft, self.lazy_head,
-                                       self.max_verify_rows)
-            prompt = draft_costs.warmup_prompt(lambda b: self.llm.tokenize(b, add_bos=True, special=False),
-                                               self.llm.n_ctx(), self.max_verify_rows - 1)
-            self.costs = draft_costs.load_or_measure(key, self.max_verify_rows, self.max_draft,
-                                                     lambda: self.measure_costs(prompt))
-            self.set_costs(self.costs["verify_s"], self.costs["draft_s"])
+            self.llm.reset()  # the measurement decodes in the Llama's context
+            self.costs = self._engine.use_measured_costs(
+                model_path=self.llm.model_path, draft_path=self.draft_path, device=self.drafter.device,
+                n_threads=self.llm.context_params.n_threads, lazy_head=self.lazy_head,
+                tokenize=lambda b: self.llm.tokenize(b, add_bos=True, special=False), n_ctx=self.llm.n_ctx())
 
     def close(self) -> None:
         """Frees the engine and drafter and returns the target context to plain
         use (a Llama passed in stays usable)."""
         if getattr(self, "_engine", None) is not None:
-            lib.pdf2_batch_engine_release_target(self._engine)
-            ffi.release(self._engine)
+            self._engine.release_target()
+            self._engine.close()
             self._engine = None
         if self.drafter is not None:
             self.drafter.close()
@@ -307,38 +257,23 @@ class Speculator:
     # ------------------------------------------------------------ engine
 
     def set_costs(self, verify_s: Sequence[float], draft_s: Sequence[float]) -> None:
-        v = np.ascontiguousarray(verify_s, dtype=np.float64)
-        d = np.ascontiguousarray(draft_s, dtype=np.float64)
-        _check(
-            lib.pdf2_batch_engine_set_costs(
-                self._engine, ffi.from_buffer("double[]", v), len(v), ffi.from_buffer("double[]", d), len(d)
-            ),
-            "set_costs",
-        )
+        self._native.set_costs(verify_s, draft_s)
 
     def measure_costs(self, prompt_tokens: Sequence[int], reps: int = 5) -> dict[str, list[float]]:
         """Times target decodes of 1..max_verify_rows tokens and drafter blocks after prompt_tokens."""
-        self._begin(list(prompt_tokens), SamplingRequest())
-        v = np.zeros(self.max_verify_rows, dtype=np.float64)
-        d = np.zeros(self.max_draft, dtype=np.float64)
-        try:
-            _check(
-                lib.pdf2_batch_engine_measure_costs(
-                    self._engine, 0, reps, ffi.from_buffer("double[]", v), len(v), ffi.from_buffer("double[]", d),
-                    len(d)
-                ),
-                "measure_costs",
-            )
-        finally:
-            self._end()
-        return {"verify_s": v.tolist(), "draft_s": d.tolist()}
+        self.llm.reset()  # the Llama object must not trust its KV cache after we used it
+        return self._native.measure_costs(list(prompt_tokens), reps)
+
+    @property
+    def _native(self) -> NativeEngine:
+        if self._engine is None:
+            raise GenerationError("the Speculator is closed")
+        return self._engine
 
     def _begin(self, tokens: list[int], sampling: SamplingRequest) -> int:
         """Starts the request on the engine's slot and prefills it; returns the first token."""
-        arr = np.ascontiguousarray(tokens, dtype=np.int32)
         self.llm.reset()  # the Llama object must not trust its KV cache after we used it
-        _check(lib.pdf2_batch_engine_start(self._engine, 0, ffi.from_buffer("int32_t[]", arr), len(arr),
-                                           sampling.struct), "start")
+        self._native.start(0, tokens, sampling)
         try:
             first: list[int] = []
             while not first:  # prompt chunks, the last of which samples the first token
@@ -351,24 +286,23 @@ class Speculator:
     def _step(self) -> list[int]:
         """One draft-verify step: the committed tokens ([] while prefilling; [] and
         self.context_full once the context is full)."""
-        _check(lib.pdf2_batch_engine_step(self._engine, self._count_c, 1, self._out_c, len(self._out)), "step")
-        n = int(self._count[0])
-        if n < 0:
+        out = self._native.step()[0]
+        if out is None:
             self.context_full = True
             return []
-        return self._out[:n].tolist()
+        return out
 
     def _end(self) -> None:
         """Frees the slot (a no-op when it is idle)."""
-        _check(lib.pdf2_batch_engine_stop(self._engine, 0), "stop")
+        self._native.stop(0)
 
     def engine_stats(self) -> dict[str, Any]:
         """Engine-wide counters since creation (times, lazy head rows, graph builds...)."""
-        return _native.take_json(lib.pdf2_batch_engine_stats_json(self._engine), "stats")
+        return self._native.stats()
 
     def request_stats(self) -> dict[str, Any]:
         """The current or last request's counters (tokens, steps, tau, drafted/accepted per position...)."""
-        return _native.take_json(lib.pdf2_batch_engine_slot_stats_json(self._engine, 0), "stats")
+        return self._native.slot_stats(0)
 
     # ------------------------------------------------------------ generation
 
@@ -434,7 +368,7 @@ class Speculator:
         out_lp: list[TokenLogprob] = []
         finish = "length"
         pending = [first]
-        pending_lp = step_logprobs(self._engine, 0, pending, n_top) if n_top >= 0 else []
+        pending_lp = self._native.logprobs(0, pending, n_top) if n_top >= 0 else []
         self.last: Completion | None = None
         try:
             while True:
@@ -458,7 +392,7 @@ class Speculator:
                     python_s += time.perf_counter() - t_native_done
                     pending = self._step()
                     if n_top >= 0:
-                        pending_lp = step_logprobs(self._engine, 0, pending, n_top)
+                        pending_lp = self._native.logprobs(0, pending, n_top)
                     t_native_done = time.perf_counter()
                     if pending:
                         continue
@@ -517,10 +451,9 @@ class Speculator:
             ttft_s=ttft,
             total_s=elapsed,
             tokens_per_second=(n_tokens - 1) / decode_s if n_tokens > 1 else 0.0,
-            # greedy output is plain decoding's, token for token: a batch-invariant
-            # target, or no verify batches at all
-            exact=self.max_draft == 0 or (bool(self.invariance) and (
-                self.invariance.max_batch is None or self.max_draft + 1 <= self.invariance.max_batch)),
+            # greedy output is plain decoding's, token for token
+            exact=greedy_is_exact(self.invariance, self.max_draft, self.max_verify_rows,
+                                  tree=self.tree_budget > 0, flash_attn=self._flash_attn),
         )
         if "lazy_head_error" in e:
             s["lazy_head_error"] = e["lazy_head_error"]

@@ -383,13 +383,15 @@ def test_costs_measured_on_an_oversubscribed_machine_are_not_cached(models, llm,
     monkeypatch.setenv("PYDFLASH2_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(draft_costs, "machine_oversubscribed", lambda: True)
     measured = []
-    real_measure = Speculator.measure_costs
+    from pydflash2._engine import NativeEngine
+
+    real_measure = NativeEngine.measure_costs
 
     def counting(self, *args, **kwargs):
         measured.append(1)
         return real_measure(self, *args, **kwargs)
 
-    monkeypatch.setattr(Speculator, "measure_costs", counting)
+    monkeypatch.setattr(NativeEngine, "measure_costs", counting)
     for _ in range(2):
         with Speculator(llm, models["v1"], n_max="auto") as spec:
             assert spec.costs is not None and spec.costs["oversubscribed"] is True

@@ -15,7 +15,6 @@ Not thread-safe: one thread (the scheduler) drives it.
 
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,23 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import llama_cpp
-import numpy as np
 
-from .. import _native, draft_costs
-from .._native import ffi, lib
+from .. import exactness
+from .._engine import EngineConfig, NativeEngine, exact_config
 from ..cpu_threads import default_threads
-from ..draft_tree import EnginePlan, tree_budget_spec
 from ..drafter import Drafter
-from ..sampling import SamplingRequest, TokenLogprob, step_logprobs
-from ..speculator import SELECTORS, GenerationError
+from ..exactness import ExactnessUnavailable
+from ..sampling import SamplingRequest, TokenLogprob
 
 _TOKENIZER_CTX = 256  # the Llama's own context: unused for decoding
-
-
-def _check(rc: int, what: str) -> int:
-    if rc < 0:
-        raise GenerationError(_native.last_error() or f"{what} failed")
-    return rc
 
 
 def _on_own_thread(fn: Callable[[], Any]) -> Any:
@@ -61,9 +52,11 @@ class BatchEngine:
 
     n_ctx: context of EACH slot (the KV cache holds n_slots x n_ctx tokens).
     draft: a dflash GGUF (one drafter instance per slot), or None for plain
-    decoding. n_max, selector, device, tree_budget: as for Speculator (each slot
-    verifies its own tree inside the shared decode; the context then has a
-    unified KV cache). flash_attn: None = llama.cpp's choice."""
+    decoding. n_max, selector, device, tree_budget, exact: as for Speculator (each
+    slot verifies its own tree inside the shared decode; the context then has a
+    unified KV cache; exact mode's checks and caps are _engine.exact_config's).
+    flash_attn: None = llama.cpp's choice (exact mode: off, but on with a tree,
+    and off where exactness.flash_attn_for says)."""
 
     def __init__(
         self,
@@ -80,94 +73,106 @@ class BatchEngine:
         flash_attn: bool | None = None,
         verbose: bool = False,
         tree_budget: int | str = 0,
+        exact: bool = False,
     ) -> None:
-        tree_nodes, tree_auto = tree_budget_spec(tree_budget)
-        if tree_auto:  # every slot's branches need sequences of their own
-            tree_nodes = max(1, min(tree_nodes, llama_cpp.llama_max_parallel_sequences() // max(1, n_slots) - 1))
-        if selector not in SELECTORS:
-            raise ValueError(f"selector must be one of {sorted(SELECTORS)}, got {selector!r}")
-        if n_max != "auto" and (not isinstance(n_max, int) or n_max < 0):
-            raise ValueError(f"n_max must be 'auto' or an int >= 0, got {n_max!r}")
+        config = EngineConfig.of(n_max, selector, tree_budget, drafting=draft is not None)
+        if config.tree_auto:  # every slot's branches need sequences of their own
+            config = config.with_tree(max(1, min(config.tree_budget,
+                                                 llama_cpp.llama_max_parallel_sequences() // max(1, n_slots) - 1)))
         path = Path(model)
         if not path.is_file():
             raise FileNotFoundError(f"target model not found: {path}")
         if draft is not None and not Path(draft).is_file():
             raise FileNotFoundError(f"drafter not found: {draft}")
+        kv_cells = n_ctx * (n_slots if config.tree_budget else 1)  # a tree's unified cache: every slot's cells
+        if exact:  # before anything loads, as Speculator(exact=True)
+            build = exactness.build_invariance()
+            if not build:
+                raise ExactnessUnavailable(exactness.unavailable_message(build))
+            # as load_target: off, but on with a tree; off where it would split a token's keys
+            wanted = bool(config.tree_budget) if flash_attn is None else flash_attn
+            flash_attn = exactness.flash_attn_for(kv_cells, True, wanted)
         # One thread count for every decode. llama-cpp-python's defaults (cpu_count // 2 for one-row decodes,
         # cpu_count for batches) would run our verify batches on every core: on a machine with other work,
         # ggml's barriers then wait on descheduled threads and a step gets many times slower.
         threads = default_threads(n_threads)
         self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=_TOKENIZER_CTX, n_batch=64, n_threads=threads,
                                    n_threads_batch=threads, n_gpu_layers=n_gpu_layers, verbose=verbose)
+        #: exact mode: the target's batch invariance in the engine's context (exactness.py), else None
+        self.invariance: exactness.Invariance | None = None
+        if exact:
+            assert flash_attn is not None
+            self.invariance = exactness.model_invariance(self.llm, flash_attn=flash_attn, n_ctx=kv_cells)
+            try:
+                config = exact_config(config, self.invariance, flash_attn=flash_attn)
+            except ExactnessUnavailable:
+                self.llm.close()
+                raise
+        self.exact = exact
+        self.flash_attn = flash_attn
         self.n_threads = threads
         self.model_path = str(path)
         self.n_slots = int(n_slots)
         self.n_ctx = int(n_ctx)
-        self.n_max: int | str = n_max if draft is not None else 0
+        self.n_max: int | str = config.n_max if config.n_max != "block" else "auto"
+        self.config = config
         self.drafters: list[Drafter] = []
-        if draft is not None and n_max != 0:
+        if config.drafting:
             # one copy of the weights; each slot its own cache (its sequence's context)
-            first = Drafter(draft, self.model_path, n_ctx=self.n_ctx, n_threads=threads, device=device)
+            first = Drafter(draft, self.model_path, n_ctx=self.n_ctx, n_threads=threads,  # type: ignore[arg-type]
+                            device=device)
             self.drafters = [first] + [Drafter.sharing_weights(first, n_ctx=self.n_ctx)
                                        for _ in range(self.n_slots - 1)]
-            for d in self.drafters:
-                # a drafter per slot: each keeps few graph shapes, so that the server's memory does
-                # not grow with the shapes its requests happen to meet (a rebuild costs ~1 ms)
-                d.set_max_graphs(SLOT_DRAFTER_GRAPHS)
-                d.reserve_graphs()  # all memory at startup: it stays flat while serving
-        self._native_args = (self.n_slots, self.n_ctx, threads, threads, -1 if flash_attn is None else int(flash_attn))
-        self.tree_budget = tree_nodes if self.drafters else 0
-        self.tree_auto = tree_auto and self.tree_budget > 0
-        plan = EnginePlan.of(self.n_max, self.tree_budget, self.tree_auto)
-        self._walk_args = (plan.n_max, -1, SELECTORS[selector], 16, plan.tree_budget)  # -1: no max_draft cap
-        self._h = self._new_native()
-        self.max_draft = int(lib.pdf2_batch_engine_max_draft(self._h))
-        self.max_verify_rows = int(lib.pdf2_batch_engine_max_verify_rows(self._h))
-        self._counts = np.zeros(self.n_slots, dtype=np.int32)
-        self._tokens = np.zeros(self.n_slots * (self.max_draft + 1), dtype=np.int32)
+            self._ready_drafters()
+        self.tree_budget = config.tree_budget
+        self.tree_auto = config.tree_auto
+        self._native = self._new_native()
+        self.max_draft = self._native.max_draft
+        self.max_verify_rows = self._native.max_verify_rows
         self._n_logprobs: dict[int, int] = {}  # per slot: its request's logprobs count (-1: none)
         self.costs: dict[str, list[float]] | None = None
-        if plan.measure_costs and self.drafters and self.max_draft > 0:
+        if self.drafters:
             assert draft is not None
-            key = draft_costs.cost_key(self.model_path, os.fspath(draft), self.drafters[0].device, threads,
-                                       self.max_draft, max_verify_rows=self.max_verify_rows)
-            self.costs = draft_costs.load_or_measure(key, self.max_verify_rows, self.max_draft,
-                                                     lambda: _on_own_thread(self._measure_costs))
-            self.set_costs(self.costs["verify_s"], self.costs["draft_s"])
+            self.costs = self._native.use_measured_costs(
+                model_path=self.model_path, draft_path=os.fspath(draft), device=self.drafters[0].device,
+                n_threads=threads, lazy_head=False,
+                tokenize=lambda b: self.llm.tokenize(b, add_bos=True, special=False), n_ctx=self.n_ctx,
+                run=_on_own_thread)
 
-    def _new_native(self) -> Any:
+    def _ready_drafters(self) -> None:
+        for d in self.drafters:
+            # a drafter per slot: each keeps few graph shapes, so that the server's memory does
+            # not grow with the shapes its requests happen to meet (a rebuild costs ~1 ms)
+            d.set_max_graphs(SLOT_DRAFTER_GRAPHS)
+            d.reserve_graphs()  # all memory at startup: it stays flat while serving
+
+    def _new_native(self) -> NativeEngine:
         """The native engine: one target context over the loaded model, and the slots' drafters."""
-        model_addr = ctypes.cast(self.llm._model.model, ctypes.c_void_p).value
-        handles = ffi.new("pdf2_drafter *[]", [d._h for d in self.drafters] or [ffi.NULL])
-        handle = lib.pdf2_batch_engine_new(ffi.cast("void *", model_addr), *self._native_args, handles,
-                                           len(self.drafters), *self._walk_args)
-        if handle == ffi.NULL:
-            raise GenerationError(_native.last_error())
-        return ffi.gc(handle, lib.pdf2_batch_engine_free)
+        return NativeEngine.owned(self.llm._model.model, self.config, n_slots=self.n_slots, n_ctx_slot=self.n_ctx,
+                                  n_threads=self.n_threads, n_threads_batch=self.n_threads,
+                                  flash_attn=self.flash_attn, drafters=self.drafters)
 
     def recover(self) -> None:
         """After a failed step: a new target context and new drafter caches (over the same loaded
         weights), made as the constructor makes them; every slot is idle and empty again. The
         measured costs carry over."""
-        if self._h is not None:
-            ffi.release(self._h)
-            self._h = None
+        if self._native is not None:
+            self._native.close()
+            self._native = None  # type: ignore[assignment]
         if self.drafters:
             old = self.drafters
             self.drafters = [Drafter.sharing_weights(old[0], n_ctx=self.n_ctx) for _ in range(self.n_slots)]
             for d in old:
                 d.close()
-            for d in self.drafters:
-                d.set_max_graphs(SLOT_DRAFTER_GRAPHS)
-                d.reserve_graphs()
-        self._h = self._new_native()
+            self._ready_drafters()
+        self._native = self._new_native()
         if self.costs is not None:
             self.set_costs(self.costs["verify_s"], self.costs["draft_s"])
 
     def close(self) -> None:
-        if getattr(self, "_h", None) is not None:
-            ffi.release(self._h)
-            self._h = None
+        if getattr(self, "_native", None) is not None:
+            self._native.close()
+            self._native = None  # type: ignore[assignment]
         for d in self.drafters:
             d.close()
         self.drafters = []
@@ -184,14 +189,12 @@ class BatchEngine:
         parse, a token id outside the vocabulary...) raises GenerationError (ValueError for
         malformed Python values) and leaves the slot idle. max_tokens > 0: no step drafts
         past that many tokens. logprobs N: logprobs(slot, committed) after each step."""
-        arr = np.ascontiguousarray(tokens, dtype=np.int32)
         sampling = SamplingRequest(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, max_tokens=max_tokens,
             grammar=grammar, logit_bias=logit_bias, presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
             logprobs=logprobs)
-        _check(lib.pdf2_batch_engine_start(self._h, int(slot), ffi.from_buffer("int32_t[]", arr), len(arr),
-                                           sampling.struct), "start")
+        self._native.start(slot, tokens, sampling)
         self._n_logprobs[int(slot)] = sampling.n_logprobs
 
     def logprobs(self, slot: int, committed: Sequence[int]) -> list[TokenLogprob]:
@@ -201,54 +204,26 @@ class BatchEngine:
         n_top = self._n_logprobs.get(int(slot), -1)
         if n_top < 0 or not committed:
             return []
-        return step_logprobs(self._h, slot, list(committed), n_top)
+        return self._native.logprobs(slot, committed, n_top)
 
     def cached_prefix(self, slot: int, tokens: Sequence[int]) -> int:
         """Prompt tokens an idle slot already holds (start() there prefills only the rest)."""
-        arr = np.ascontiguousarray(tokens, dtype=np.int32)
-        return _check(lib.pdf2_batch_engine_cached_prefix(self._h, int(slot), ffi.from_buffer("int32_t[]", arr),
-                                                          len(arr)), "cached_prefix")
+        return self._native.cached_prefix(slot, tokens)
 
     def stop(self, slot: int) -> None:
-        _check(lib.pdf2_batch_engine_stop(self._h, int(slot)), "stop")
+        self._native.stop(slot)
 
     def step(self) -> list[list[int] | None]:
         """One target decode for all busy slots: per slot the committed tokens
         ([] = nothing this step, e.g. idle or mid-prefill; None = context full)."""
-        _check(lib.pdf2_batch_engine_step(self._h, ffi.from_buffer("int32_t[]", self._counts), len(self._counts),
-                                          ffi.from_buffer("int32_t[]", self._tokens), len(self._tokens)), "step")
-        width = self.max_draft + 1
-        out: list[list[int] | None] = []
-        for s, c in enumerate(self._counts.tolist()):
-            out.append(None if c < 0 else self._tokens[s * width: s * width + c].tolist())
-        return out
+        return self._native.step()
 
     def stats(self) -> dict[str, Any]:
-        return _native.take_json(lib.pdf2_batch_engine_stats_json(self._h), "stats")
+        return self._native.stats()
 
     def slot_stats(self, slot: int) -> dict[str, Any]:
         """The counters of the slot's current or last request (drafted and accepted per position...)."""
-        return _native.take_json(lib.pdf2_batch_engine_slot_stats_json(self._h, int(slot)), "slot_stats")
-
-    # ------------------------------------------------------------ costs
+        return self._native.slot_stats(slot)
 
     def set_costs(self, verify_s: Sequence[float], draft_s: Sequence[float]) -> None:
-        v = np.ascontiguousarray(verify_s, dtype=np.float64)
-        d = np.ascontiguousarray(draft_s, dtype=np.float64)
-        _check(lib.pdf2_batch_engine_set_costs(self._h, ffi.from_buffer("double[]", v), len(v),
-                                               ffi.from_buffer("double[]", d), len(d)), "set_costs")
-
-    def _measure_costs(self, reps: int = 5) -> dict[str, list[float]]:
-        prompt = draft_costs.warmup_prompt(lambda b: self.llm.tokenize(b, add_bos=True, special=False), self.n_ctx,
-                                           self.max_verify_rows - 1)
-        self.start(0, prompt)
-        try:
-            while not self.step()[0]:
-                pass  # prefill slot 0
-            v = np.zeros(self.max_verify_rows, dtype=np.float64)
-            d = np.zeros(self.max_draft, dtype=np.float64)
-            _check(lib.pdf2_batch_engine_measure_costs(self._h, 0, reps, ffi.from_buffer("double[]", v), len(v),
-                                                       ffi.from_buffer("double[]", d), len(d)), "measure_costs")
-        finally:
-            self.stop(0)
-        return {"verify_s": v.tolist(), "draft_s": d.tolist()}
+        self._native.set_costs(verify_s, draft_s)

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..speculator import GenerationError
+from .._engine import GenerationError
 
 ENV = "PYDFLASH2_FAULT_INJECT"
 log = logging.getLogger("pydflash2.server")

@@ -14,7 +14,6 @@ from typing import Any
 import llama_cpp
 import uvicorn
 
-from .. import exactness
 from ..chat_template import ChatTemplate
 from ..models import resolve_target
 from .access_log import AccessLog
@@ -63,19 +62,6 @@ class ServerOptions:
     ssl_certfile: str | None = None
 
 
-def _exact_flash_attn(opts: ServerOptions) -> bool:
-    """--exact: refuse a build whose forward is not batch-invariant. Flash
-    attention as --flash-attn asks (default off, llama-cpp-python's default, but
-    on with a tree budget);
-    exactness.flash_attn_for keeps it off in exact mode over >= 512 KV cells."""
-    if opts.exact:
-        inv = exactness.build_invariance()
-        if not inv:
-            raise RuntimeError(exactness.unavailable_message(inv))
-    wanted = bool(opts.tree_budget) if opts.flash_attn is None else opts.flash_attn
-    return exactness.flash_attn_for(opts.n_ctx, opts.exact, wanted)
-
-
 def token_piece(vocab: Any, token: int) -> bytes:
     """A token's text with special tokens spelled out (llama.cpp's common_token_to_piece, as
     llama-server's /detokenize uses it); llama-cpp-python's own helpers stop at 32 bytes."""
@@ -90,10 +76,12 @@ def token_piece(vocab: Any, token: int) -> bytes:
 def load(opts: ServerOptions) -> Loaded:
     """The engine, the scheduler (started) and the FastAPI app: what the server needs to serve."""
     model_path = resolve_target(opts.model)
-    flash_attn = _exact_flash_attn(opts)
+    # flash attention as --flash-attn asks: off (llama-cpp-python's default), but on with a tree budget;
+    # --exact: the engine's checks and caps are Speculator(exact=True)'s (pydflash2._engine.exact_config)
+    flash_attn = bool(opts.tree_budget) if opts.flash_attn is None else opts.flash_attn
     engine = BatchEngine(model_path, opts.draft, n_slots=opts.parallel, n_ctx=opts.n_ctx, n_threads=opts.threads,
                          n_max=opts.n_max, selector=opts.selector, device=opts.device, n_gpu_layers=opts.n_gpu_layers,
-                         flash_attn=flash_attn, tree_budget=opts.tree_budget)
+                         flash_attn=flash_attn, tree_budget=opts.tree_budget, exact=opts.exact)
     llm = engine.llm
     vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
     metrics = ServerMetrics(engine.n_slots, engine.max_draft)
