@@ -6,9 +6,8 @@ import inspect
 import os
 from pathlib import Path
 
-import pytest
-
 import pydflash2_testing as testing
+import pytest
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -12,16 +12,16 @@ from pathlib import Path
 
 import llama_cpp
 import numpy as np
+import pydflash2_testing as testing
 import pytest
 from lossless import check_greedy, greedy_generate
 from lossless import plain_greedy as plain_run
 from pydflash2.convert.cli import main as convert_main
+from pydflash2_testing.upstream import ext
 
-import pydflash2_testing as testing
 from pydflash2 import capture, exactness
 from pydflash2.drafter import Drafter
 from pydflash2.speculator import GenerationError, Speculator
-from pydflash2_testing.upstream import ext
 
 CALLBACK_ARCHS = ("qwen2", "gemma3")
 HOT = tuple(testing.FIRST_MERGED_ID + i for i in range(6))

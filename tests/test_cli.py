@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import pydflash2_testing as testing
+import pytest
 
 
 def _run(*args: str, cwd) -> subprocess.CompletedProcess:
@@ -54,6 +54,7 @@ def test_demo_files_command(tmp_path) -> None:
     r = subprocess.run(
         [sys.executable, "-m", "pydflash2_testing", str(tmp_path / "demo")],
         capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(testing.__file__).resolve().parents[1])},  # tests/support
     )
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "demo" / "dflash2.gguf").stat().st_size > 0

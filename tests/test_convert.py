@@ -10,13 +10,13 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+import pydflash2_testing as testing
 import pytest
 from gguf.quants import dequantize
 from pydflash2.convert.cli import main as convert_main
 from safetensors.numpy import save_file
 
 import pydflash2
-import pydflash2_testing as testing
 
 GGUF_LAYERS = [i + 1 for i in testing.DrafterSpec().target_layer_ids]  # HF ids + 1
 
@@ -70,7 +70,6 @@ def test_loads_in_libllama_as_dflash(conv, version: int) -> None:
     import ctypes
 
     from llama_cpp import llama_cpp as lc
-
     from pydflash2_testing.upstream import ext, silence_logs
 
     silence_logs()

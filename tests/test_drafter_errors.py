@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pydflash2_testing as testing
 import pytest
 
-import pydflash2_testing as testing
 from pydflash2 import Drafter, DrafterError
 
 

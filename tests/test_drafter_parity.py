@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pydflash2_testing as testing
 import pytest
 from pydflash2.convert.cli import main as convert_main
 
-import pydflash2_testing as testing
 from pydflash2 import Drafter
 
 upstream = pytest.importorskip("pydflash2_testing.upstream")

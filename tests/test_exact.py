@@ -11,13 +11,13 @@ import sys
 from pathlib import Path
 
 import llama_cpp
+import pydflash2_testing as testing
 import pytest
 from conftest import require_build_feature
 from lossless import check_greedy, plain_greedy
 from pydflash2.convert.cli import main as convert_main
 
 import pydflash2
-import pydflash2_testing as testing
 from pydflash2 import Speculator, exactness, native_info
 from pydflash2.exactness import INSTALL_COMMAND, ExactnessUnavailable
 from pydflash2.models import default_drafter

@@ -8,9 +8,8 @@ import json
 import llama_cpp
 import ml_dtypes
 import numpy as np
-from safetensors import safe_open
-
 import pydflash2_testing as testing
+from safetensors import safe_open
 
 
 def test_target_loads_tokenizes_and_generates(target_gguf) -> None:

@@ -7,9 +7,9 @@ import json
 
 import gguf
 import numpy as np
+import pydflash2_testing as testing
 import pytest
 
-import pydflash2_testing as testing
 from pydflash2 import DrafterFileError, inspect_drafter
 
 U32 = gguf.GGUFValueType.UINT32

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import gguf
 import llama_cpp
+import pydflash2_testing as testing
 import pytest
 from ollama_modelfile import (
     CreateError,
@@ -21,7 +22,6 @@ from ollama_modelfile import (
     render_go_template,
 )
 
-import pydflash2_testing as testing
 from pydflash2 import ModelfileError, modelfile
 from pydflash2.ollama.go_template import CHATML, derive_ollama_template, render_jinja
 from pydflash2.ollama.modelfile import ModelfileWarning, quote

@@ -17,11 +17,10 @@ from pathlib import Path
 import httpx
 import llama_cpp
 import openai
+import pydflash2_testing as testing
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_process import ServerProcess, check_same_greedy
-
-import pydflash2_testing as testing
 
 HOT = tuple(testing.FIRST_MERGED_ID + i for i in range(6))
 API_KEY = "sk-test-key"

@@ -21,10 +21,10 @@ import httpx
 import jsonschema
 import llama_cpp
 import openai
+import pydflash2_testing as testing
 import pytest
 from server_process import ServerProcess
 
-import pydflash2_testing as testing
 from pydflash2.chat_template import ChatTemplate
 from pydflash2.server import grammars, steering, tools
 from pydflash2.server.engine import BatchEngine

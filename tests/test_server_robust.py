@@ -23,12 +23,12 @@ import httpx
 import llama_cpp
 import numpy as np
 import openai
+import pydflash2_testing as testing
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_process import ServerProcess, check_same_greedy, last_logits
 
-import pydflash2_testing as testing
 from pydflash2.server.auth import bind_warning, load_keys
 
 HOT = tuple(testing.FIRST_MERGED_ID + i for i in range(6))

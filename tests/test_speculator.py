@@ -7,12 +7,12 @@ import dataclasses
 from pathlib import Path
 
 import llama_cpp
+import pydflash2_testing as testing
 import pytest
 from lossless import PlainRun, check_greedy, chi_square_p
 from lossless import plain_greedy as plain_run
 from pydflash2.convert.cli import main as convert_main
 
-import pydflash2_testing as testing
 from pydflash2 import draft_costs, exactness
 from pydflash2.speculator import Completion, GenerationError, Speculator, with_lazy_head
 

@@ -15,9 +15,10 @@ torch = pytest.importorskip("torch", reason="pydflash2[train] (torch) is not ins
 
 import gguf  # noqa: E402
 import llama_cpp  # noqa: E402
-from pydflash2.convert.checkpoint import open_checkpoint  # noqa: E402
-
 import pydflash2_testing as testing  # noqa: E402
+from pydflash2.convert.checkpoint import open_checkpoint  # noqa: E402
+from pydflash2_testing.upstream import UpstreamDrafter  # noqa: E402
+
 from pydflash2 import inspect_drafter  # noqa: E402
 from pydflash2.cli import main as cli_main  # noqa: E402
 from pydflash2.speculator import Speculator  # noqa: E402
@@ -29,7 +30,6 @@ from pydflash2.train.objective import Batch, compute_losses, expected_tau, sampl
 from pydflash2.train.prompts import DEV_FILE, TRAIN_FILE, read_prompts  # noqa: E402
 from pydflash2.train.target import read_target, tap_layers  # noqa: E402
 from pydflash2.train.trainer import build_model  # noqa: E402
-from pydflash2_testing.upstream import UpstreamDrafter  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from drafter_ref import RefDrafter  # noqa: E402

@@ -13,8 +13,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="pydflash2[train] (torch) is not installed")
 
 import llama_cpp  # noqa: E402
-
 import pydflash2_testing as testing  # noqa: E402
+
 from pydflash2.train.dataset import Dataset, DatasetError, DatasetWriter  # noqa: E402
 from pydflash2.train.distill import Distiller, distill  # noqa: E402
 from pydflash2.train.model import DrafterConfig  # noqa: E402

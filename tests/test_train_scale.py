@@ -20,8 +20,9 @@ import pytest
 torch = pytest.importorskip("torch", reason="pydflash2[train] (torch) is not installed")
 
 import gguf  # noqa: E402
-
 import pydflash2_testing as testing  # noqa: E402
+from pydflash2_testing.upstream import UpstreamDrafter  # noqa: E402
+
 from pydflash2.cli import main as cli_main  # noqa: E402
 from pydflash2.train.dataset import Dataset  # noqa: E402
 from pydflash2.train.distill import distill  # noqa: E402
@@ -33,7 +34,6 @@ from pydflash2.train.pipeline import TrainOptions, default_shape, make_config  #
 from pydflash2.train.prompts import TRAIN_FILE, read_prompts  # noqa: E402
 from pydflash2.train.target import TargetInfo, read_target, tap_layers  # noqa: E402
 from pydflash2.train.trainer import Objective, TrainSettings, anchor_seed, build_model, loss_and_grads  # noqa: E402
-from pydflash2_testing.upstream import UpstreamDrafter  # noqa: E402
 
 HOT = tuple(testing.FIRST_MERGED_ID + i for i in range(6))
 # one small run: every process gets 1 thread, the global batch is 4 sequences

@@ -5,9 +5,9 @@ a few fixed prompts (see the threshold's comment). The held-out figure is the be
 from __future__ import annotations
 
 import llama_cpp
+import pydflash2_testing as testing
 import pytest
 
-import pydflash2_testing as testing
 from pydflash2 import Speculator, inspect_drafter
 from pydflash2.models import DEFAULT_DRAFTER, default_drafter, resolve_draft
 from pydflash2.train.prompts import DEV_FILE, read_prompts

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pydflash2_testing as testing
 import pytest
 from pydflash2.convert.cli import main as convert_main
-
-import pydflash2_testing as testing
 from pydflash2_testing.upstream import Lattice, UpstreamDrafter, UpstreamError
 
 # llama's graph taps layer inputs 0..n_layer-1 only: keep HF ids <= n_layer-2 (GGUF <= n_layer-1)
