@@ -104,6 +104,7 @@ def test_sampler_chain_follows_the_committed_tree_path(pair, llm, exact, name) -
             assert out.logprobs is not None and [lp.token for lp in out.logprobs] == out.tokens
 
 
+@pytest.mark.slow  # 165 s each on 2 cores; tests/test_sampling_law.py has the tiny target's fast check
 @pytest.mark.parametrize("temperature, top_p, other", [(1.0, 1.0, 0.6), (0.7, 0.9, 1.2)])
 def test_sampling_with_a_tree_follows_llama_cpp_python(pair, llm, temperature, top_p, other) -> None:
     """Tokens 2 and 3 (the first a tree verify commits) over 250 seeds against llama-cpp-python's
