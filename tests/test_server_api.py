@@ -580,3 +580,21 @@ def test_serve_rejects_bad_sampling_defaults(args: list[str], needle: str, tmp_p
     out = subprocess.run([sys.executable, "-m", "pydflash2.server", *args], cwd=tmp_path, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2 and needle in out.stderr
+
+
+# ---------------------------------------------------------------- max_completion_tokens (issue 34)
+
+
+def test_max_completion_tokens_is_max_tokens(client: openai.OpenAI, server: ServerProcess) -> None:
+    """OpenAI's newer name (langchain-openai and pydantic-ai send only it) bounds the answer as
+    max_tokens does; both given and different is a 400 naming both; below 1 a 400 naming it."""
+    r = client.chat.completions.create(model=ALIAS, messages=USER, max_completion_tokens=3, temperature=0)
+    assert r.usage.completion_tokens <= 3 and r.choices[0].finish_reason == "length", r
+    same = client.chat.completions.create(model=ALIAS, messages=USER, max_tokens=3, temperature=0)
+    assert same.choices[0].message.content == r.choices[0].message.content
+    c = post(server, "/v1/completions", {"prompt": "Once upon a time", "max_completion_tokens": 2, "temperature": 0})
+    assert c.status_code == 200 and c.json()["usage"]["completion_tokens"] <= 2, c.text
+    both = post(server, "/v1/chat/completions", {"messages": USER, "max_tokens": 3, "max_completion_tokens": 5})
+    assert both.status_code == 400 and "max_completion_tokens" in both.json()["error"]["message"], both.text
+    zero = post(server, "/v1/chat/completions", {"messages": USER, "max_completion_tokens": 0})
+    assert zero.status_code == 400 and "max_completion_tokens must be >= 1" in zero.json()["error"]["message"]

@@ -9,7 +9,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .validation import Int32, NonNegativeInt32
 
@@ -21,6 +21,9 @@ class _Sampling(BaseModel):
 
     model: str | None = None
     max_tokens: Int32 | None = None
+    # OpenAI's newer name of max_tokens (langchain-openai and pydantic-ai send only this one); an alias,
+    # as in llama-server
+    max_completion_tokens: Int32 | None = None
     # None: the server's default (llama-server's: 0.8, 0.95, 40, 0.05; `serve --temp/--top-p/--top-k/--min-p`)
     temperature: float | None = None
     top_p: float | None = None
@@ -61,12 +64,21 @@ class _Sampling(BaseModel):
             raise ValueError("min_p must be in [0, 1]")
         return v
 
-    @field_validator("max_tokens")
+    @field_validator("max_tokens", "max_completion_tokens")
     @classmethod
-    def _max_tokens(cls, v: int | None) -> int | None:
+    def _max_tokens(cls, v: int | None, info: Any) -> int | None:
         if v is not None and v < 1:
-            raise ValueError("max_tokens must be >= 1")
+            raise ValueError(f"{info.field_name} must be >= 1")
         return v
+
+    @model_validator(mode="after")
+    def _one_max_tokens(self) -> _Sampling:
+        if self.max_completion_tokens is not None:
+            if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
+                raise ValueError(f"max_tokens ({self.max_tokens}) and max_completion_tokens "
+                                 f"({self.max_completion_tokens}) differ: give one of them")
+            self.max_tokens = self.max_completion_tokens
+        return self
 
     @field_validator("n")
     @classmethod
