@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 from pathlib import Path
 
 import pydflash2_testing as testing
@@ -76,7 +77,9 @@ def require_build_feature(available: bool, feature: str) -> None:
 # such test (`pytest -m build`) on the RPC + batch-invariant build; marking them here, from what the
 # test uses, means none can escape it by forgetting the marker.
 BUILD_FIXTURES = {"exact", "rpc_servers", "special_build"}
-BUILD_CALLS = ("check_greedy(", "check_same_greedy(", "require_build_feature(", "SPECIAL_BUILD", "exact_build(")
+# (\bSPECIAL_BUILD\b: server_process's flag, not a test's own PYDFLASH2_REQUIRE_SPECIAL_BUILD skip, which
+# says the claim does NOT depend on the build)
+BUILD_CALLS = re.compile(r"\b(check_greedy|check_same_greedy|require_build_feature|exact_build)\(|\bSPECIAL_BUILD\b")
 
 
 # SmolLM2-scale claims (a 49K vocabulary, 30 layers) belong to the slow tier (`pytest -m slow`); the
@@ -96,7 +99,7 @@ def _source(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         fixtures, src = set(getattr(item, "fixturenames", ())), _source(item)
-        if (BUILD_FIXTURES & fixtures or any(c in src for c in BUILD_CALLS)) and not item.get_closest_marker("build"):
+        if (BUILD_FIXTURES & fixtures or BUILD_CALLS.search(src)) and not item.get_closest_marker("build"):
             item.add_marker(pytest.mark.build)
         if (SLOW_FIXTURES & fixtures or any(c in src for c in SLOW_CALLS)) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
