@@ -268,6 +268,7 @@ def _mistakes(tmp: Path, target: Path, drafter: Path) -> list[tuple[tuple[str, .
         (("generate", "hi", "--model", missing), "not found"),
         (("generate", "hi", "--model", t, "--draft", t, "--n-ctx", "256"), "general.architecture"),
         (("bench", "--n-max", "2,many"), "--n-max"),
+        (("bench", "--temperature", "0,-1"), "--temperature: must be a finite number >= 0"),
         (("bench", "--prompts", str(tmp / "missing.txt"), "--model", t), "--prompts"),
         (("bench", "--model", t, "--draft", t, "--n-ctx", "256", "--out", str(tmp / "b")), "general.architecture"),
         (("bench", "--model", str(junk), "--out", str(tmp / "b")), "junk.gguf"),
