@@ -268,7 +268,6 @@ def _mistakes(tmp: Path, target: Path, drafter: Path) -> list[tuple[tuple[str, .
         (("generate", "hi", "--model", missing), "not found"),
         (("generate", "hi", "--model", t, "--draft", t, "--n-ctx", "256"), "general.architecture"),
         (("bench", "--n-max", "2,many"), "--n-max"),
-        (("bench", "--temperature", "0,-1"), "--temperature: must be a finite number >= 0"),
         (("bench", "--prompts", str(tmp / "missing.txt"), "--model", t), "--prompts"),
         (("bench", "--model", t, "--draft", t, "--n-ctx", "256", "--out", str(tmp / "b")), "general.architecture"),
         (("bench", "--model", str(junk), "--out", str(tmp / "b")), "junk.gguf"),
@@ -276,10 +275,6 @@ def _mistakes(tmp: Path, target: Path, drafter: Path) -> list[tuple[tuple[str, .
         (("info", missing), "missing.gguf"),
         (("info", d, "--target", missing), "--target: "),
         (("info", d, "--target", d), "is a DFlash drafter, not a target model"),
-        (("generate", "hi", "--seed", str(2**64)), "argument --seed: must be an integer in -2**63..2**64-1"),
-        (("generate", "hi", "--max-tokens", str(2**31)), "argument --max-tokens: must be an integer in 1..2147483647"),
-        (("generate", "hi", "--top-k", str(2**31)), "argument --top-k: must be an integer in 0..2147483647"),
-        (("serve", "--model", t, "--temp", "nan"), "argument --temp/--temperature: must be a finite number"),
         (("info", t), "general.architecture"),
         (("convert", str(tmp), "--target", t, "-o", str(tmp / "out.gguf"), "--bogus"),
          "unrecognized arguments: --bogus"),
@@ -291,7 +286,6 @@ def _mistakes(tmp: Path, target: Path, drafter: Path) -> list[tuple[tuple[str, .
         (("modelfile", "--model", t, "--draft", t), "not a usable drafter"),
         (("serve", "--model", t, "--keep-alive-timeout", "0"), "--keep-alive-timeout must be > 0"),
         (("serve", "--model", t, "--body-timeout", "0"), "--body-timeout must be > 0"),
-        (("serve", "--model", t, "--top-k", "-1"), "argument --top-k: must be an integer in 0.."),
         (("serve", "--model", t, "--queue-timeout", "-1"), "--queue-timeout must be a finite number >= 0"),
         (("serve", "--model", t, "--timeout", "nan"), "--timeout must be a finite number >= 0"),
         (("serve", "--model", t, "--keep-alive-timeout", "inf"), "--keep-alive-timeout must be a finite number"),
@@ -305,6 +299,33 @@ def test_user_mistakes_are_one_line_and_exit_2(tmp_path, target_gguf, drafter2_g
         assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr, (args, r.stderr)
         assert expected in r.stderr, (args, r.stderr)
         assert not (tmp_path / "out.gguf").exists() and not (tmp_path / "r.gguf").exists()
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("generate", "hi", "--seed", str(2**64)), "argument --seed: must be an integer in -2**63..2**64-1"),
+    (("generate", "hi", "--seed", str(-(2**63) - 1)), "argument --seed: must be an integer in -2**63..2**64-1"),
+    (("generate", "hi", "--max-tokens", str(2**31)), "argument --max-tokens: must be an integer in 1..2147483647"),
+    (("generate", "hi", "--max-tokens", "0"), "argument --max-tokens: must be an integer in 1..2147483647"),
+    (("generate", "hi", "--top-k", str(2**31)), "argument --top-k: must be an integer in 0..2147483647"),
+    (("generate", "hi", "--temperature", "nan"), "argument --temperature: must be a finite number >= 0"),
+    (("serve", "--top-k", "-1"), "argument --top-k: must be an integer in 0..2147483647"),
+    (("serve", "--temp", "inf"), "argument --temp/--temperature: must be a finite number >= 0"),
+    (("bench", "--max-tokens", str(2**31)), "argument --max-tokens: must be an integer in 1..2147483647"),
+    (("bench", "--temperature", "0,-1"), "--temperature: must be a finite number >= 0"),
+])
+def test_out_of_range_sampling_options_exit_2(capsys, args, expected) -> None:
+    """Once an OverflowError traceback from the native struct: the range check the Python API and the
+    server use (pydflash2.sampling.check_param), as argparse types; one line naming the option, exit 2.
+    In process: the command line's own main(), before any model loads."""
+    from pydflash2.cli import main
+
+    try:
+        status = main(list(args))
+    except SystemExit as e:  # argparse's error()
+        status = e.code
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert len(err.splitlines()) == 1 and expected in err, err
 
 
 def test_modelfile_command(tmp_path, target_gguf, drafter2_gguf) -> None:
