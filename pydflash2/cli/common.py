@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 
 class CliError(Exception):
@@ -18,6 +19,28 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
+
+
+def sampling_arg(name: str) -> Callable[[str], Any]:
+    """An argparse type for the sampling parameter `name` (max_tokens, top_k, seed, temperature...):
+    its range is pydflash2.sampling.check_param's, the one the Python API and the server check."""
+
+    def parse(text: str) -> Any:
+        from ..sampling import PARAM_RANGES, ParamError, check_param
+
+        integer = PARAM_RANGES[name].integer
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if integer else 'a number'}, "
+                                             f"got {text!r}") from None
+        try:
+            return check_param(name, value)
+        except ParamError as e:
+            raise argparse.ArgumentTypeError(f"must be {e.requirement}, got {text}") from None
+
+    parse.__name__ = name
+    return parse
 
 
 def parse_tree_budget(value: str) -> int | str:
