@@ -39,11 +39,17 @@ def run_tests(mutation: str | None, files: list[str], first_only: bool, basetemp
     env = {k: v for k, v in os.environ.items() if k != "PYDFLASH2_MUTATION"}
     if mutation:
         env["PYDFLASH2_MUTATION"] = mutation
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", "--basetemp", str(basetemp),
+    # the venv's pytest script, not `python -m pytest`: that would put the source tree's pydflash2/ (which
+    # has no native library) ahead of the installed package
+    pytest = str(Path(sys.executable).parent / "pytest")
+    cmd = [pytest, "-q", "-rfE", "-p", "no:cacheprovider", "--basetemp", str(basetemp),
            *(["-x"] if first_only else []), *files]
+    basetemp.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", r.stdout, re.M)))
+    if r.returncode not in (0, 1) or (r.returncode == 1 and not failed):  # pytest itself failed: say why
+        print(r.stdout[-3000:], r.stderr[-3000:], sep="\n", file=sys.stderr)
     return r.returncode, failed, time.monotonic() - t0
 
 
