@@ -7,7 +7,9 @@ import argparse
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import fields
 
+from ..grammar_limits import DEFAULT_LIMITS, LIMIT_CAPS, GrammarLimits, option_name
 from .common import (
     TREE_BUDGET_HELP,
     CliError,
@@ -71,6 +73,20 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-alive-timeout", type=float, default=30.0,
                    help="seconds an idle keep-alive connection stays open (default 30: longer than the 5 s after "
                         "which httpx/openai clients drop pooled connections, so they never reuse one being closed)")
+    lim = p.add_argument_group("grammar and schema limits", "a request past one gets a 400 naming it (llama.cpp's "
+                               "grammar parser recurses: these keep a request from overflowing its stack)")
+    for name, what in (("grammar_bytes", "size of a GBNF grammar, given or converted from a JSON schema"),
+                       ("grammar_depth", "nesting of ( ) groups in a GBNF grammar"),
+                       ("grammar_rules", "GBNF rules, defined and derived (one per group and per * + ?, n-m "
+                                         "per {m,n})"),
+                       ("grammar_repeat", "the largest bound of a GBNF {m,n} (llama.cpp ignores a larger upper "
+                                          "bound)"),
+                       ("schema_repeat", "JSON schema: maxLength, minLength, maxItems, minItems (llama.cpp refuses "
+                                         "the converter's grammar past 1000)"),
+                       ("schema_enum", "JSON schema: values of one enum, alternatives of one anyOf / oneOf")):
+        default, cap = getattr(DEFAULT_LIMITS, name), LIMIT_CAPS.get(name)
+        lim.add_argument(option_name(name), dest=f"max_{name}", type=int, default=default, metavar="N",
+                         help=f"{what} (default {default}" + (f", at most {cap})" if cap else ")"))
     p.add_argument("--ssl-keyfile", default=None, help="TLS private key (PEM); with --ssl-certfile: https")
     p.add_argument("--ssl-certfile", default=None, help="TLS certificate chain (PEM)")
 
@@ -107,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
     for name in ("body_timeout", "keep_alive_timeout"):
         if getattr(args, name) <= 0:
             raise CliError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    try:
+        limits = GrammarLimits(**{f.name: getattr(args, f"max_{f.name}") for f in fields(GrammarLimits)})
+    except ValueError as e:
+        raise CliError(str(e)) from None
     setup_devices(args)
     from ..server.app import SamplingDefaults
     from ..server.auth import load_keys
@@ -132,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             timeout=args.timeout or None, queue_timeout=args.queue_timeout or None,
             body_timeout=args.body_timeout, stall_timeout=args.stall_timeout,
             shutdown_timeout=args.shutdown_timeout, keep_alive_timeout=args.keep_alive_timeout,
-            ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
+            ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, grammar_limits=limits,
         ))
     except (OSError, ValueError, RuntimeError) as e:
         raise CliError(str(e)) from None
