@@ -12,6 +12,8 @@ from .common import (
     add_exact_arg,
     add_flash_attn_arg,
     add_model_args,
+    check_kv_memory,
+    check_run_args,
     flash_attn_choice,
     parse_n_max,
     parse_tree_budget,
@@ -33,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_exact_arg(p)
     add_flash_attn_arg(p)
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--temp", "--temperature", dest="temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--min-p", type=float, default=0.0)
@@ -57,8 +59,12 @@ def run(args: argparse.Namespace) -> int:
     from ..models import resolve_target
     from ..speculator import GenerationError, Speculator
 
+    check_run_args(args)
+    if args.max_tokens < 1:
+        raise CliError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     setup_devices(args)
     draft = resolve_draft(args)
+    check_kv_memory(args.model, draft, 1, args.n_ctx, args.n_gpu_layers)
     try:
         spec = Speculator(
             resolve_target(args.model), draft, n_ctx=args.n_ctx, n_threads=args.threads,

@@ -17,6 +17,8 @@ from .common import (
     add_exact_arg,
     add_flash_attn_arg,
     add_model_args,
+    check_kv_memory,
+    check_run_args,
     flash_attn_choice,
     parse_n_max,
     parse_tree_budget,
@@ -104,16 +106,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--max-queue must be >= 0, got {args.max_queue}")
     if not 0 < args.port < 65536:
         raise CliError(f"--port must be in 1..65535, got {args.port}")
-    if args.n_ctx < 32:
-        raise CliError(f"--n-ctx must be >= 32, got {args.n_ctx}")
-    if not (math.isfinite(args.temperature) and args.temperature >= 0):
-        raise CliError(f"--temp must be a finite number >= 0, got {args.temperature}")
-    if args.top_k < 0:
-        raise CliError(f"--top-k must be >= 0, got {args.top_k}")
-    if not 0 < args.top_p <= 1:
-        raise CliError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if not 0 <= args.min_p <= 1:
-        raise CliError(f"--min-p must be in [0, 1], got {args.min_p}")
+    check_run_args(args)
     for name in ("timeout", "queue_timeout", "body_timeout", "stall_timeout", "shutdown_timeout",
                  "keep_alive_timeout"):
         if not (math.isfinite(getattr(args, name)) and getattr(args, name) >= 0):
@@ -138,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--api-key-file: {e}") from None
 
     draft = resolve_draft(args)  # the shipped drafter for the default model when --draft is omitted
+    check_kv_memory(args.model, draft, args.parallel, args.n_ctx, args.n_gpu_layers)
     try:
         return serve(ServerOptions(
             model=args.model, draft=draft, host=args.host, port=args.port, n_ctx=args.n_ctx,
