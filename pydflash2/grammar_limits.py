@@ -84,7 +84,8 @@ def check_gbnf(text: str, limits: GrammarLimits = DEFAULT_LIMITS) -> None:
         raise LimitError("the grammar holds a NUL character", "grammar")
     data = text.encode("utf-8", "surrogatepass")
     depth, rules, repeat = ffi.new("int64_t *"), ffi.new("int64_t *"), ffi.new("int64_t *")
-    lib.pdf2_grammar_shape(data, depth, rules, repeat)
+    if lib.pdf2_grammar_shape(data, depth, rules, repeat) != 0:  # a {m,n} with n < m (llama.cpp loops on it)
+        raise ValueError(last_error())
     for value, name, what in ((len(data), "grammar_bytes", "{v} bytes of GBNF"),
                               (depth[0], "grammar_depth", "groups nested {v} deep"),
                               (rules[0], "grammar_rules", "{v} rules (defined, and derived from groups and "

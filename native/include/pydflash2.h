@@ -146,7 +146,7 @@ double pdf2_draft_prior_accepted(void);
  * a deep enough text overflows the stack); rules: the rules defined plus those the parser
  * derives (one per group and per * + ?, n - m per {m,n}); max_repeat: the largest bound of a
  * {m,n}. The engine refuses a grammar past its hard caps before llama.cpp parses it.
- * 0 / -1 (a NULL argument). */
+ * 0 / -1 (a NULL argument, or a {m,n} with n < m, on which llama.cpp loops for ever). */
 int pdf2_grammar_shape(const char * gbnf, int64_t * depth, int64_t * rules, int64_t * max_repeat);
 /* Whether llama.cpp parses gbnf (root rule "root") against vocab (a llama_vocab *), as the
  * engine parses a request's grammar: within the hard caps, on a thread with a 64 MiB stack.

@@ -92,6 +92,10 @@ GrammarShape grammar_shape(const char * gbnf) {
                 skip_space(p);
                 hi = (*p >= '0' && *p <= '9') ? read_count(p) : -1;
             }
+            if (hi >= 0 && hi < lo) {  // llama.cpp counts n - m unsigned: it would derive rules for ever
+                throw Error("grammar: the repetition {" + std::to_string(lo) + "," + std::to_string(hi) +
+                            "} has its upper bound below its lower bound");
+            }
             s.max_repeat = std::max({s.max_repeat, lo, hi});
             s.rules += hi < 0 ? 1 : std::max<int64_t>(1, hi - lo);
         } else {

@@ -18,6 +18,8 @@ struct GrammarShape {
     int64_t max_repeat = 0;  // the largest bound of a {m} / {m,n} repetition
 };
 
+// Throws pdf2::Error for a {m,n} with n < m: llama.cpp derives n - m rules, unsigned, so it
+// would loop for ever (and a thread that never returns holds its request's worker).
 GrammarShape grammar_shape(const char * gbnf);
 
 // Hard caps the engine applies before llama.cpp parses a grammar, whatever the caller checked.
