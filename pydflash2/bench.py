@@ -132,12 +132,13 @@ def run_bench(cfg: BenchConfig) -> int:
             "max_tokens": cfg.max_tokens,
             "exact": all(st["exact"] for sts in runs.values() for st in sts)}
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-    _plot(results, out_dir)
+    plotted = _plot(results, out_dir)
     _print_table(results)
     for r in results:
         if r.get("auto_decision"):
             print(f"T={r['temperature']:g} {r['selector']}: {r['auto_decision']}", file=sys.stderr)
-    print(f"wrote {out_dir / 'bench.json'} and PNG plots", file=sys.stderr)
+    print(f"wrote {out_dir / 'bench.json'}" + (" and PNG plots" if plotted else
+          " (no PNG plots: matplotlib is not installed; pip install 'pydflash2[bench]')"), file=sys.stderr)
     return 0
 
 
@@ -165,8 +166,12 @@ def print_phases(rows: list[dict[str, Any]], label: Any) -> None:
         print(f"{label(r):<34} " + " ".join(f"{ms.get(c, 0.0):9.2f}" for c in PHASE_COLUMNS))
 
 
-def _plot(results: list[dict[str, Any]], out_dir: Path) -> None:
-    import matplotlib
+def _plot(results: list[dict[str, Any]], out_dir: Path) -> bool:
+    """throughput.png and acceptance.png; False without matplotlib (the `bench` extra)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -210,3 +215,4 @@ def _plot(results: list[dict[str, Any]], out_dir: Path) -> None:
     fig.tight_layout()
     fig.savefig(out_dir / "acceptance.png", dpi=100)
     plt.close(fig)
+    return True

@@ -27,6 +27,8 @@ import numpy as np
 EPSILON = 0.0
 NEAR_TIE_DELTA = 4 * EPSILON
 SPECIAL_BUILD = os.environ.get("PYDFLASH2_REQUIRE_SPECIAL_BUILD") == "1"
+SUPPORT = Path(__file__).resolve().parent / "support"  # pydflash2_testing, outside the wheel
+FAULT_ENV = "PYDFLASH2_FAULT_INJECT"
 
 
 def free_port() -> int:
@@ -46,9 +48,14 @@ class ServerProcess:
         self.url = f"{scheme}://127.0.0.1:{self.port}"
         self.log_path = cwd / f"server-{self.port}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen([sys.executable, "-m", "pydflash2.server", "--port", str(self.port), *args],
-                                     cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
+        env = {**os.environ, **(env or {})}
+        # fault injection: the server with the test-only scheduler hooks (pydflash2_testing.fault_server)
+        module = "pydflash2.server"
+        if env.get(FAULT_ENV):
+            module = "pydflash2_testing.fault_server"
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SUPPORT), env.get("PYTHONPATH", "")) if p)
+        self.proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(self.port), *args],
+                                     cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         if wait:
             self.wait_ready(timeout, verify)
 

@@ -8,6 +8,7 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import fields
+from typing import TYPE_CHECKING
 
 from ..grammar_limits import DEFAULT_LIMITS, LIMIT_CAPS, GrammarLimits, option_name
 from .common import (
@@ -25,6 +26,9 @@ from .common import (
     resolve_draft,
     setup_devices,
 )
+
+if TYPE_CHECKING:
+    from ..server.scheduler import SchedulerHooks
 
 NAME = "serve"
 
@@ -99,7 +103,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, hooks: SchedulerHooks | None = None) -> int:
+    """hooks: the scheduler's fault points, for tests (pydflash2_testing.fault_server)."""
     if args.parallel < 1:
         raise CliError(f"--parallel must be >= 1, got {args.parallel}")
     if args.max_queue < 0:
@@ -146,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
             timeout=args.timeout or None, queue_timeout=args.queue_timeout or None,
             body_timeout=args.body_timeout, stall_timeout=args.stall_timeout,
             shutdown_timeout=args.shutdown_timeout, keep_alive_timeout=args.keep_alive_timeout,
-            ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, grammar_limits=limits,
+            ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, grammar_limits=limits, hooks=hooks,
         ))
     except (OSError, ValueError, RuntimeError) as e:
         raise CliError(str(e)) from None

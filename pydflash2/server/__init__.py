@@ -6,8 +6,7 @@ and Prometheus metrics. Run it with `pydflash2 serve` or
 Modules: engine (native batch engine binding), scheduler (slots and the step
 loop), metrics (Prometheus), schemas (OpenAI bodies), validation (what a body
 may hold), app (FastAPI routes), health (/health's verdict), auth (API keys),
-access_log (request ids, one log line per request), faults (test-only fault
-injection), lifecycle (loading, draining on signals), main (wiring and
+access_log (request ids, one log line per request), lifecycle (loading, draining on signals), main (wiring and
 uvicorn); steering (grammar, penalties, logit_bias, logprobs -> the engine's
 start() arguments), grammars (GBNF from response_format), tools (tool-call
 formats: parsing and forcing grammars), answers (OpenAI answers and streams),

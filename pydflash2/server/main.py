@@ -21,10 +21,9 @@ from .access_log import AccessLog
 from .app import SamplingDefaults, ServerConfig, Tokenizer, create_app
 from .auth import bind_warning
 from .engine import BatchEngine
-from .faults import FaultInjector
 from .lifecycle import DrainingServer, Lifecycle, Loaded
 from .metrics import ServerMetrics
-from .scheduler import Scheduler
+from .scheduler import Scheduler, SchedulerHooks
 
 log = logging.getLogger("pydflash2.server")
 
@@ -62,6 +61,8 @@ class ServerOptions:
     ssl_keyfile: str | None = None
     ssl_certfile: str | None = None
     grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)
+    # the step loop's fault points, for tests only (pydflash2_testing.fault_server); no CLI option sets it
+    hooks: SchedulerHooks | None = None
 
 
 def token_piece(vocab: Any, token: int) -> bytes:
@@ -91,7 +92,7 @@ def load(opts: ServerOptions) -> Loaded:
         engine, metrics, opts.max_queue,
         token_bytes=lambda t: llm.detokenize([t]),
         is_eog=lambda t: bool(llama_cpp.llama_vocab_is_eog(vocab, t)),
-        faults=FaultInjector.from_env(),
+        hooks=opts.hooks,
     )
     try:
         template: ChatTemplate | None = ChatTemplate.of(llm)

@@ -16,14 +16,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..sampling import TokenLogprob
 from ..text_stream import TextStream
 from .engine import BatchEngine
-from .faults import FaultInjector
 from .metrics import ServerMetrics
 from .timings import RequestClock, timings
 
@@ -114,10 +113,21 @@ RECOVERY_ATTEMPTS = 3  # engine re-creations tried after a fault before the serv
 RECOVERY_BACKOFF_S = 1.0
 
 
+class SchedulerHooks(Protocol):
+    """Calls the step loop makes at its fault points, for tests that inject faults there
+    (tests/support/pydflash2_testing/faults.py); a server started from the CLI has none."""
+
+    def before_step(self) -> None: ...  # may raise, as a failed native step would
+
+    def on_deliver(self, slot: int) -> None: ...  # may raise, as delivering a slot's tokens would
+
+    def before_recover(self) -> None: ...
+
+
 class Scheduler:
     def __init__(self, engine: BatchEngine, metrics: ServerMetrics, max_queue: int,
                  token_bytes: Callable[[int], bytes], is_eog: Callable[[int], bool],
-                 faults: FaultInjector | None = None) -> None:
+                 hooks: SchedulerHooks | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
         self.max_queue = max_queue
@@ -133,7 +143,7 @@ class Scheduler:
         self.accepting = True  # False once shutdown began: submit() refuses
         self.progress_at = time.monotonic()  # the step loop's last sign of life (the stall watchdog reads it)
         self.n_faults = 0  # failed steps and slots
-        self._faults = faults
+        self._hooks = hooks
         self._abort: str | None = None
         self._held = [0] * engine.n_slots  # tokens each slot's sequence holds (its last request's, when idle)
         self._last_request = [""] * engine.n_slots
@@ -225,8 +235,8 @@ class Scheduler:
                     self._admit()  # takes the lock itself: not while a request's grammar compiles in start()
                     self._stop_cancelled()
                     self._expire_active(t_iter)
-                    if self._faults is not None and self._active:
-                        self._faults.before_step()
+                    if self._hooks is not None and self._active:
+                        self._hooks.before_step()
                     native_s = self._step() if self._active else 0.0
                 except Exception as e:  # a native error: the engine's state is unknown
                     self._recover(e)
@@ -259,8 +269,8 @@ class Scheduler:
                 self._finish(slot, "error", error=f"engine fault: {error}")
         for attempt in range(1, RECOVERY_ATTEMPTS + 1):
             try:
-                if self._faults is not None:
-                    self._faults.before_recover()
+                if self._hooks is not None:
+                    self._hooks.before_recover()
                 self.engine.recover()
                 break
             except Exception as e:
@@ -389,8 +399,8 @@ class Scheduler:
                 self.metrics.ttft.observe(now - a.req.t_arrival)
                 self.metrics.prompt_tokens.inc(len(a.req.prompt_tokens))
             try:
-                if self._faults is not None:
-                    self._faults.on_deliver(slot)
+                if self._hooks is not None:
+                    self._hooks.on_deliver(slot)
                 entries = (self.engine.logprobs(slot, committed) if committed and "logprobs" in a.req.engine_options
                            else None)
                 n_before = len(a.tokens)

@@ -1,5 +1,7 @@
-"""Fault injection, for tests only: off unless the environment variable
-PYDFLASH2_FAULT_INJECT names a trigger file.
+"""Fault injection, for tests only: the server's scheduler hooks (pydflash2.server.scheduler.
+SchedulerHooks) driven by a trigger file that the environment variable PYDFLASH2_FAULT_INJECT
+names. A test starts `python -m pydflash2_testing.fault_server` (the server's own command line,
+with these hooks) instead of `python -m pydflash2.server`; the product never imports this.
 
 Each time the scheduler is about to step the engine it looks for that file;
 when present and complete (one line ending in a newline: a writer's half-written
@@ -12,7 +14,6 @@ what to do:
     slot N          delivering slot N's tokens raises (only that slot's request fails)
     stall S         the step sleeps S seconds (the stall watchdog's case)
 
-A production server never sets the variable: then nothing is looked up at all.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._engine import GenerationError
+from pydflash2._engine import GenerationError
 
 ENV = "PYDFLASH2_FAULT_INJECT"
 log = logging.getLogger("pydflash2.server")
