@@ -62,7 +62,8 @@ class GrammarLimits:
             v = getattr(self, f.name)
             cap = LIMIT_CAPS.get(f.name)
             if not isinstance(v, int) or v < 1 or (cap is not None and v > cap):
-                raise ValueError(f"{option_name(f.name)} must be an integer in 1..{cap or 'any'}, got {v!r}")
+                bound = f"an integer in 1..{cap}" if cap is not None else "an integer >= 1"
+                raise ValueError(f"{option_name(f.name)} must be {bound}, got {v!r}")
 
 
 # the most each may be set to (the others: any positive int)
@@ -81,7 +82,7 @@ def option_name(field: str) -> str:
 def check_gbnf(text: str, limits: GrammarLimits = DEFAULT_LIMITS) -> None:
     """LimitError unless the GBNF text is within `limits` (its syntax is llama.cpp's to check)."""
     if "\0" in text:
-        raise LimitError("the grammar holds a NUL character", "grammar")
+        raise ValueError("the grammar holds a NUL character")
     data = text.encode("utf-8", "surrogatepass")
     depth, rules, repeat = ffi.new("int64_t *"), ffi.new("int64_t *"), ffi.new("int64_t *")
     if lib.pdf2_grammar_shape(data, depth, rules, repeat) != 0:  # a {m,n} with n < m (llama.cpp loops on it)
