@@ -105,18 +105,11 @@ def test_recursive_ref_is_supported(server: ServerProcess) -> None:
     assert r.json()["choices"][0]["message"]["content"].startswith("{")
 
 
-def test_health_answers_while_a_large_grammar_compiles(server: ServerProcess) -> None:
-    """A grammar of half --max-grammar-bytes (about half a second of llama.cpp's parsing, on a worker
-    thread and again when the request starts) stalls neither the event loop nor the scheduler's lock:
-    /health answers within 200 ms all along."""
-    alts = []
-    size = 0
-    while size < GrammarLimits().grammar_bytes // 2:
-        alts.append(f'"v{len(alts)}"')
-        size += len(alts[-1]) + 3
-    body = {"prompt": "Hello", "max_tokens": 2, "grammar": "root ::= " + " | ".join(alts)}
+def worst_health_during(server: ServerProcess, route: str, body: dict) -> tuple[httpx.Response, float]:
+    """POSTs body to route on a thread and polls /health until it is answered: (its answer, the
+    slowest /health)."""
     done: list[httpx.Response] = []
-    t = threading.Thread(target=lambda: done.append(post(server, body)))
+    t = threading.Thread(target=lambda: done.append(post(server, body, route)))
     worst = 0.0
     with httpx.Client(timeout=10) as c:
         c.get(server.url + "/health")  # the connection is open before the clock starts
@@ -127,8 +120,30 @@ def test_health_answers_while_a_large_grammar_compiles(server: ServerProcess) ->
             worst = max(worst, time.perf_counter() - t0)
             time.sleep(0.02)
     t.join()
-    assert done[0].status_code == 200, done[0].text[:300]
+    return done[0], worst
+
+
+def test_health_answers_while_a_large_grammar_compiles(server: ServerProcess) -> None:
+    """A grammar of half --max-grammar-bytes (about half a second of llama.cpp's parsing, on a worker
+    thread and again when the request starts) stalls neither the event loop nor the scheduler's lock:
+    /health answers within 200 ms all along."""
+    alts = []
+    size = 0
+    while size < GrammarLimits().grammar_bytes // 2:
+        alts.append(f'"v{len(alts)}"')
+        size += len(alts[-1]) + 3
+    r, worst = worst_health_during(server, "/v1/completions",
+                                   {"prompt": "Hello", "max_tokens": 2, "grammar": "root ::= " + " | ".join(alts)})
+    assert r.status_code == 200, r.text[:300]
     assert worst < 0.2, f"/health took {worst * 1000:.0f} ms while the grammar compiled"
+
+
+def test_health_answers_while_a_long_text_is_tokenised(server: ServerProcess) -> None:
+    """/tokenize of 900 KB stalled /health 0.7 s on the event loop: it runs on a worker thread."""
+    r, worst = worst_health_during(server, "/tokenize", {"content": "the quick brown fox jumps over it. " * 26000})
+    assert r.status_code == 200, r.text[:300]
+    assert len(r.json()["tokens"]) > 100000
+    assert worst < 0.2, f"/health took {worst * 1000:.0f} ms during /tokenize"
 
 
 # ---------------------------------------------------------------- property: 200 or 400, never a dead server
