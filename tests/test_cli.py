@@ -122,9 +122,52 @@ def test_generate_bad_input_exits_2(tmp_path, target_gguf, drafter2_gguf) -> Non
     assert r.returncode == 2 and "not found" in r.stderr
     r = _run("generate", "hi", "--model", str(target_gguf), "--draft", str(drafter2_gguf), "--top-p", "0",
              "--temperature", "1", "--n-ctx", "256", cwd=tmp_path)
-    assert r.returncode == 2 and "--top-p" in r.stderr
+    assert r.returncode == 2 and "argument --top-p: must be a number in (0, 1]" in r.stderr
     r = _run("generate", "hi", "--model", str(target_gguf), "--n-max", "-2", cwd=tmp_path)
     assert r.returncode == 2
+
+
+def test_generate_takes_a_negative_seed(tmp_path, target_gguf, drafter2_gguf) -> None:
+    """--seed -1 once ended in an OverflowError traceback: any seed in -2**63..2**64-1 is taken (mod 2**64)."""
+    r = _run("generate", "hi", "--model", str(target_gguf), "--draft", str(drafter2_gguf), "--seed", "-1",
+             "--temperature", "0.8", "--max-tokens", "6", "--n-ctx", "256", "--n-max", "3", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["tokens"]) >= 1
+
+
+def test_generate_into_a_closed_pipe_exits_quietly(tmp_path, target_gguf, drafter2_gguf) -> None:
+    """`pydflash2 generate ... | head -1`: once a BrokenPipeError traceback. The reader here is gone
+    before the first byte, so every write meets a broken pipe."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    exe = shutil.which("pydflash2")
+    cmd = [exe] if exe else [sys.executable, "-m", "pydflash2"]
+    try:
+        r = subprocess.run([*cmd, "generate", "Once upon a time", "--model", str(target_gguf), "--draft",
+                            str(drafter2_gguf), "--max-tokens", "32", "--n-ctx", "256", "--n-max", "3", "--raw"],
+                           stdout=write_end, stderr=subprocess.PIPE, text=True, cwd=tmp_path, timeout=120)
+    finally:
+        os.close(write_end)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr and "Exception ignored" not in r.stderr, \
+        r.stderr
+
+
+def test_info_tells_whether_a_drafter_fits_a_target(tmp_path, target_gguf, drafter2_gguf) -> None:
+    r = _run("info", str(drafter2_gguf), "--target", str(target_gguf), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == f"fits {target_gguf}"
+    other = testing.make_target_gguf(tmp_path / "other.gguf", testing.TargetSpec(n_embd=128, n_layer=2, n_merges=100))
+    r = _run("info", str(drafter2_gguf), "--target", str(other), cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    misfits = [line for line in r.stdout.splitlines() if line.startswith(f"does not fit {other}: ")]
+    assert any("hidden size mismatch" in line for line in misfits), r.stdout
+    assert any("vocab size mismatch" in line for line in misfits), r.stdout
+    assert any("target layer id 2 is out of range" in line for line in misfits), r.stdout
+    j = _run("info", str(drafter2_gguf), "--target", str(other), "--json", cwd=tmp_path)
+    assert j.returncode == 1
+    fit = json.loads(j.stdout)["fit"]
+    assert fit["fits"] is False and fit["problems"] == [line.split(": ", 1)[1] for line in misfits]
 
 
 def test_bench_writes_json_plots_and_ratios(tmp_path, target_gguf, drafter2_gguf) -> None:
@@ -230,6 +273,8 @@ def _mistakes(tmp: Path, target: Path, drafter: Path) -> list[tuple[tuple[str, .
         (("bench", "--model", str(junk), "--out", str(tmp / "b")), "junk.gguf"),
         (("generate", "hi", "--model", str(junk)), "junk.gguf"),
         (("info", missing), "missing.gguf"),
+        (("info", d, "--target", missing), "--target: "),
+        (("info", d, "--target", d), "is a DFlash drafter, not a target model"),
         (("info", t), "general.architecture"),
         (("convert", str(tmp), "--target", t, "-o", str(tmp / "out.gguf"), "--bogus"),
          "unrecognized arguments: --bogus"),
@@ -254,6 +299,33 @@ def test_user_mistakes_are_one_line_and_exit_2(tmp_path, target_gguf, drafter2_g
         assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr, (args, r.stderr)
         assert expected in r.stderr, (args, r.stderr)
         assert not (tmp_path / "out.gguf").exists() and not (tmp_path / "r.gguf").exists()
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("generate", "hi", "--seed", str(2**64)), "argument --seed: must be an integer in -2**63..2**64-1"),
+    (("generate", "hi", "--seed", str(-(2**63) - 1)), "argument --seed: must be an integer in -2**63..2**64-1"),
+    (("generate", "hi", "--max-tokens", str(2**31)), "argument --max-tokens: must be an integer in 1..2147483647"),
+    (("generate", "hi", "--max-tokens", "0"), "argument --max-tokens: must be an integer in 1..2147483647"),
+    (("generate", "hi", "--top-k", str(2**31)), "argument --top-k: must be an integer in 0..2147483647"),
+    (("generate", "hi", "--temperature", "nan"), "argument --temperature: must be a finite number >= 0"),
+    (("serve", "--top-k", "-1"), "argument --top-k: must be an integer in 0..2147483647"),
+    (("serve", "--temp", "inf"), "argument --temp/--temperature: must be a finite number >= 0"),
+    (("bench", "--max-tokens", str(2**31)), "argument --max-tokens: must be an integer in 1..2147483647"),
+    (("bench", "--temperature", "0,-1"), "--temperature: must be a finite number >= 0"),
+])
+def test_out_of_range_sampling_options_exit_2(capsys, args, expected) -> None:
+    """Once an OverflowError traceback from the native struct: the range check the Python API and the
+    server use (pydflash2.sampling.check_param), as argparse types; one line naming the option, exit 2.
+    In process: the command line's own main(), before any model loads."""
+    from pydflash2.cli import main
+
+    try:
+        status = main(list(args))
+    except SystemExit as e:  # argparse's error()
+        status = e.code
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert len(err.splitlines()) == 1 and expected in err, err
 
 
 def test_modelfile_command(tmp_path, target_gguf, drafter2_gguf) -> None:
@@ -285,15 +357,13 @@ def test_modelfile_command(tmp_path, target_gguf, drafter2_gguf) -> None:
 
 
 
-# (options, the words the refusal must hold): each refused alike by generate and serve (one validation)
+# (options, the words the refusal must hold): each refused alike by generate and serve (one validation,
+# cli.common.check_run_args; the sampling options' ranges are their argparse types, tested above)
 BAD_RUN_OPTIONS = [
     (["--n-ctx", "1"], "--n-ctx must be >= 32"),
-    (["--top-k", "-1"], "--top-k must be >= 0"),
-    (["--temp", "-1"], "--temp must be"),
-    (["--top-p", "0"], "--top-p must be in (0, 1]"),
-    (["--min-p", "2"], "--min-p must be in [0, 1]"),
     (["--threads", "100000"], "--threads must be in 1.."),
     (["--threads", "0"], "--threads must be in 1.."),
+    (["--n-gpu-layers", "-5"], "--n-gpu-layers must be >= 0"),
 ]
 
 

@@ -15,7 +15,8 @@ import os
 import llama_cpp
 import pytest
 from llama_cpp.llama_grammar import json_schema_to_gbnf
-from lossless import DELTA_SMOLLM2, check_greedy, chi_square_p, plain_greedy_chain
+from lossless import DELTA_SMOLLM2, check_greedy, plain_greedy_chain
+from sampling_law import Chain, ExactLaw, TargetLogits, as_draw, sequential_test
 
 from pydflash2 import exactness
 from pydflash2.models import default_drafter, default_target
@@ -108,10 +109,6 @@ def test_greedy_with_the_chain_is_plain_greedy(smollm2, prompts, speculators, na
             assert set(json.loads(text)) >= {"name", "legs"}
 
 
-def _first_tokens(sample, n_runs: int) -> list[tuple[int, ...]]:
-    return [tuple(sample(seed)[1:3]) for seed in range(n_runs)]
-
-
 SAMPLING = {
     # a raw prompt in the middle of a repetition: plain sampling repeats the first token, so the
     # penalties (which see the generated tokens only, as in llama-cpp-python) change tokens 2 and 3
@@ -121,50 +118,37 @@ SAMPLING = {
 
 
 @pytest.mark.parametrize("name", list(SAMPLING))
-def test_sampling_with_the_chain_follows_llama_cpp_python(smollm2, prompts, name) -> None:
-    """Tokens 2 and 3 (sampled by draft verification) against llama-cpp-python's own
-    sampling with the same chain at T=1, top-p 0.9. The same test against sampling
-    without the penalties (resp. grammar) must tell them apart: a chain that skipped them
-    would fail here."""
+def test_sampling_with_the_chain_follows_the_exact_law(smollm2, name) -> None:
+    """The first 3 tokens (token 1 sampled at prefill, 2 and 3 by draft verification) at T=1, top-p
+    0.9 with the chain, one-sample against the exact law (tests/sampling_law.py: the target's
+    batch-1 logits through llama.cpp's own samplers), drawn until the same test rejects the chain
+    without the penalties (resp. grammar): a verifier that skipped them would fail here."""
     if os.environ.get("PYDFLASH2_REQUIRE_SPECIAL_BUILD") == "1":
-        pytest.skip("the sampling law does not depend on the build: tier 1 runs it")
+        pytest.skip("the sampling law does not depend on the build: the slow tier runs it")
     llm, draft = smollm2
     prompt, settings = SAMPLING[name]
     with Speculator(llm, None, n_max=0) as spec:
         ids = spec.tokenize_prompt(prompt, chat=name != "penalties")
-    base = dict(temperature=1.0, top_p=0.9, top_k=0, min_p=0.0)
-    n_runs = 400
-
-    def plain(seed: int, chain: dict) -> list[int]:
-        llm.set_seed(seed)
-        kw = _completion_kwargs(chain)
-        out = []
-        for tok in llm.generate(ids, temp=1.0, top_p=0.9, top_k=0, min_p=0.0, reset=True, **kw):
-            out.append(tok)
-            if len(out) == 3:
-                break
-        return out
-
+    chain = Chain(temperature=1.0, top_p=0.9, **settings)
+    without = Chain(temperature=1.0, top_p=0.9)
+    logits = TargetLogits(llm.model_path, ids)
+    true_law, wrong_law = ExactLaw(logits, chain), ExactLaw(logits, without)
     drafted = accepted = 0
 
-    def speculative(seed: int) -> list[int]:
+    def draw(seed: int) -> tuple[int, ...]:
         nonlocal drafted, accepted
-        out = spec.generate(ids, max_tokens=3, seed=seed, **base, **settings)
+        out = spec.generate(ids, max_tokens=3, seed=seed, **chain.kwargs())
         drafted += sum(out.stats["drafted_per_position"])
         accepted += sum(out.stats["accepted_per_position"])
-        return out.tokens
+        return as_draw(out.tokens, out.finish_reason == "eos", true_law.END, 3)
 
-    with Speculator(llm, draft, n_max=3) as spec:
-        ours = _first_tokens(speculative, n_runs)
-    with_chain = _first_tokens(lambda s: plain(s, settings), n_runs)
-    without = _first_tokens(lambda s: plain(s, {}), n_runs)
+    try:
+        with Speculator(llm, draft, n_max=3) as spec:
+            sequential_test(draw, true_law, wrong_law, 3, chunk=100, what=name)
+    finally:
+        logits.close()
     print(f"{name}: drafts accepted {accepted} of {drafted} reached ({accepted / max(drafted, 1):.2f})")
-    p_same = [chi_square_p(ours, with_chain, pos) for pos in (0, 1)]
-    p_other = [chi_square_p(ours, without, pos) for pos in (0, 1)]
-    print(f"{name}: p-values against the same chain {p_same}, against the chain without {name} {p_other}")
-    assert min(p_same) > 0.001, p_same
-    assert min(p_other) < 0.001, p_other  # the test can see a chain that skips them
-    assert accepted > 0
+    assert 0 < accepted < drafted
 
 
 def test_logprobs_equal_llama_cpp_python(smollm2, prompts) -> None:

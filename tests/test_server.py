@@ -405,6 +405,26 @@ def test_metrics_parse_and_move(client: openai.OpenAI, server: ServerProcess, ll
     assert after[(p + "num_slots", ())] == 4
 
 
+def test_metrics_serve_vllms_spec_decode_names(client: openai.OpenAI, server: ServerProcess) -> None:
+    """vLLM's dashboards read vllm:spec_decode_* with labels model_name and engine: served beside ours,
+    counting the same."""
+    client.completions.create(model=MODEL_ID, prompt="The answer is", max_tokens=16, temperature=0)
+    m = metrics(server.url, AUTH)
+    vllm_labels = (("engine", "0"), ("model_name", MODEL_ID))
+    for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+        ours = m[(f"pydflash2:spec_decode_{name}_total", ())]
+        assert m[(f"vllm:spec_decode_{name}_total", vllm_labels)] == ours, name
+    assert m[("vllm:spec_decode_num_drafts_total", vllm_labels)] > 0
+    for i in range(N_MAX):
+        ours = m[("pydflash2:spec_decode_num_accepted_tokens_per_pos_total", (("position", str(i)),))]
+        labels = tuple(sorted((*vllm_labels, ("position", str(i)))))
+        assert m[("vllm:spec_decode_num_accepted_tokens_per_pos_total", labels)] == ours, i
+    assert {name for name, _ in m if name.startswith("vllm:")} == {
+        f"vllm:spec_decode_{n}_{suffix}" for n in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
+                                                    "num_accepted_tokens_per_pos")
+        for suffix in ("total", "created")}
+
+
 def test_prefix_cache_reuses_a_slots_prompt(client: openai.OpenAI, server: ServerProcess, llm) -> None:
     # every slot is idle: both requests go to slot 0, and the second prefills only its last prompt token
     prompt = "A small drafter learned to guess"

@@ -597,4 +597,29 @@ def test_max_completion_tokens_is_max_tokens(client: openai.OpenAI, server: Serv
     both = post(server, "/v1/chat/completions", {"messages": USER, "max_tokens": 3, "max_completion_tokens": 5})
     assert both.status_code == 400 and "max_completion_tokens" in both.json()["error"]["message"], both.text
     zero = post(server, "/v1/chat/completions", {"messages": USER, "max_completion_tokens": 0})
-    assert zero.status_code == 400 and "max_completion_tokens must be >= 1" in zero.json()["error"]["message"]
+    assert zero.status_code == 400, zero.text
+    assert "max_completion_tokens must be an integer in 1.." in zero.json()["error"]["message"]
+
+
+# ---------------------------------------------------------------- sampling ranges (issue 32)
+
+
+def test_sampling_ranges_are_the_python_apis(server: ServerProcess) -> None:
+    """The server checks max_tokens, top_k, temperature, top_p and min_p with the check the CLI and the
+    Python API use (pydflash2.sampling.check_param): a 400 naming the field, in the same words. (A seed
+    past 64 bits never gets that far: the body check refuses any integer there, naming the field.)"""
+    from pydflash2.sampling import ParamError, check_param
+
+    for field, value in [("max_tokens", 2**31), ("top_k", 2**31), ("top_k", -1), ("top_p", 0), ("min_p", 1.5),
+                         ("temperature", -0.5), ("seed", 2**64), ("seed", -(2**63) - 1)]:
+        r = post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 2, field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, (field, value, r.text)
+        with pytest.raises(ParamError) as e:
+            check_param(field, value)
+        if field != "seed":
+            assert str(e.value) in r.json()["error"]["message"], (field, r.text)
+    # any 64-bit seed, signed or not, is taken (modulo 2**64): -1 is 2**64 - 1
+    same = [post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 6, "temperature": 0.9, "seed": seed,
+                                             "return_token_ids": True}) for seed in (-1, 2**64 - 1)]
+    assert all(r.status_code == 200 for r in same), [r.text for r in same]
+    assert same[0].json()["choices"][0]["token_ids"] == same[1].json()["choices"][0]["token_ids"]

@@ -14,6 +14,7 @@ from lossless import plain_greedy as plain_run
 from pydflash2.convert.cli import main as convert_main
 
 from pydflash2 import draft_costs, exactness
+from pydflash2._engine import greedy_is_exact
 from pydflash2.speculator import Completion, GenerationError, Speculator, with_lazy_head
 
 HOT = tuple(testing.FIRST_MERGED_ID + i for i in range(6))
@@ -320,15 +321,55 @@ def test_phase_breakdown_partitions_the_request(models, llm, n_max, temperature)
     "kwargs, match",
     [
         (dict(temperature=-1.0), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
         (dict(temperature=0.7, top_p=0.0), "top_p"),
         (dict(temperature=0.7, min_p=2.0), "min_p"),
+        # past what the native struct holds (int32 counts, a 64-bit seed): once an OverflowError from cffi
+        (dict(seed=2**64), "seed"),
+        (dict(seed=-(2**63) - 1), "seed"),
+        (dict(max_tokens=2**31), "max_tokens"),
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(top_k=2**31), "top_k"),
+        (dict(top_k=-1), "top_k"),
+        (dict(repeat_last_n=2**31), "repeat_last_n"),
+        (dict(seed="7"), "seed"),
     ],
 )
 def test_bad_sampling_parameters(models, llm, kwargs, match) -> None:
+    """A ValueError naming the parameter, from generate() and stream() alike; the Speculator serves on."""
     with Speculator(llm, models["v2"], n_max=2) as spec:
-        with pytest.raises(GenerationError, match=match):
-            spec.generate("Hello", max_tokens=4, chat=False, **kwargs)
+        with pytest.raises(ValueError, match=f"^{match} must be"):
+            spec.generate("Hello", **{"max_tokens": 4, "chat": False, **kwargs})
+        with pytest.raises(ValueError, match=f"^{match} must be"):
+            next(spec.stream("Hello", **{"max_tokens": 4, "chat": False, **kwargs}))
         assert spec.generate("Hello", max_tokens=4, chat=False).finish_reason == "length"
+
+
+def test_seed_is_taken_modulo_2_64(models, llm) -> None:
+    """Any seed in -2**63..2**64-1 is taken (the server's range): -1 is 2**64-1."""
+    with Speculator(llm, models["v2"], n_max=3) as spec:
+        kw = dict(max_tokens=12, chat=False, temperature=0.9)
+        a = spec.generate("Hello", seed=-1, **kw)
+        assert a.tokens == spec.generate("Hello", seed=2**64 - 1, **kw).tokens
+        assert spec.generate("Hello", seed=-(2**63), **kw).tokens == spec.generate("Hello", seed=2**63, **kw).tokens
+        assert any(spec.generate("Hello", seed=s, **kw).tokens != a.tokens for s in range(4))  # the seed matters
+
+
+def test_tree_without_flash_attention_is_not_exact(models, exact) -> None:
+    """stats["exact"]: a tree's rows equal their paths decoded alone only with flash attention
+    (docs/exactness.md), so a tree verified without it is never reported exact."""
+    for flash_attn in (False, True):
+        with Speculator(str(models["target"]), models["v2"], n_ctx=256, n_max=3, tree_budget=4,
+                        flash_attn=flash_attn) as spec:
+            out = spec.generate(PROMPTS[0], max_tokens=8, chat=False)
+        assert out.stats["tree_budget"] == 4
+        # with flash attention at 256 cells the f32 target is as batch-invariant as without a tree
+        assert out.stats["exact"] is (flash_attn and exact), flash_attn
+    # the rule itself, for a batch-invariant target whatever this build is
+    invariant = exactness.Invariance(batch_invariant=True)
+    assert greedy_is_exact(invariant, 3, 4, tree=False, flash_attn=False)
+    assert greedy_is_exact(invariant, 3, 5, tree=True, flash_attn=True)
+    assert not greedy_is_exact(invariant, 3, 5, tree=True, flash_attn=False)
 
 
 def test_bad_prompts(models, llm) -> None:
@@ -337,8 +378,6 @@ def test_bad_prompts(models, llm) -> None:
             spec.generate([1, 2, 99999], max_tokens=4)
         with pytest.raises(GenerationError, match="does not fit the context"):
             spec.generate([5] * 600, max_tokens=4)
-        with pytest.raises(ValueError, match="max_tokens"):
-            spec.generate("Hello", max_tokens=0)
 
 
 def test_drafter_for_another_target_is_refused(tmp_path, llm) -> None:

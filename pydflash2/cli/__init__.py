@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -27,10 +28,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return convert.run_argv(argv[1:])
     args = build_parser().parse_args(argv)
     try:
-        return int(args.run(args))
+        status = int(args.run(args))
+        sys.stdout.flush()  # a closed pipe shows here, not in the flush at exit
+        return status
     except CliError as e:
         print(f"pydflash2 {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader went away (`pydflash2 generate ... | head -1`): stop quietly, as Python's docs
+        # on SIGPIPE advise: stdout onto devnull, so that the flush at exit cannot fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

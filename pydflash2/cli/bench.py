@@ -13,6 +13,7 @@ from .common import (
     parse_n_max,
     parse_tree_budget,
     resolve_draft,
+    sampling_arg,
     setup_devices,
 )
 
@@ -30,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "verification of that many nodes (0 = the chain, default)")
     p.add_argument("--temperature", default="0", help="comma list of temperatures")
     p.add_argument("--selector", default="auto", help="comma list of selectors")
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=sampling_arg("max_tokens"), default=64)
     p.add_argument("--repeats", type=int, default=2, help="interleaved repeats of the whole set")
     p.add_argument("--raw", action="store_true", help="prompts without the chat template")
     p.add_argument("--out", default="bench_out", help="folder for bench.json and the PNG plots")
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         if not prompts:
             raise CliError(f"--prompts: {args.prompts} holds no prompt")
     n_maxes = parse_list(args.n_max, parse_n_max, "--n-max")
-    temperatures = parse_list(args.temperature, float, "--temperature")
+    temperatures = parse_list(args.temperature, sampling_arg("temperature"), "--temperature")
     tree_budgets = parse_list(args.tree_budget, parse_tree_budget, "--tree-budget")
     selectors = parse_list(args.selector, str, "--selector")
     setup_devices(args)

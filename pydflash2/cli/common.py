@@ -4,9 +4,9 @@ model/device options."""
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 
 class CliError(Exception):
@@ -19,6 +19,28 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
+
+
+def sampling_arg(name: str) -> Callable[[str], Any]:
+    """An argparse type for the sampling parameter `name` (max_tokens, top_k, seed, temperature...):
+    its range is pydflash2.sampling.check_param's, the one the Python API and the server check."""
+
+    def parse(text: str) -> Any:
+        from ..sampling import PARAM_RANGES, ParamError, check_param
+
+        integer = PARAM_RANGES[name].integer
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if integer else 'a number'}, "
+                                             f"got {text!r}") from None
+        try:
+            return check_param(name, value)
+        except ParamError as e:
+            raise argparse.ArgumentTypeError(f"must be {e.requirement}, got {text}") from None
+
+    parse.__name__ = name
+    return parse
 
 
 def parse_tree_budget(value: str) -> int | str:
@@ -138,8 +160,9 @@ MIN_N_CTX = 32  # a prompt, a block of drafts and a reply; less is a mistake, no
 
 
 def check_run_args(args: argparse.Namespace) -> None:
-    """The checks `generate` and `serve` share, so that both accept and refuse the same values:
-    --n-ctx, --threads (at most the logical CPUs: more only thrash), and the sampling options."""
+    """The checks `generate` and `serve` share beyond the sampling options' argparse types, so that
+    both accept and refuse the same values: --n-ctx, --threads (at most the logical CPUs: more only
+    wait on each other), --n-gpu-layers."""
     from ..kv_memory import logical_cpus
 
     if args.n_ctx < MIN_N_CTX:
@@ -149,14 +172,6 @@ def check_run_args(args: argparse.Namespace) -> None:
         raise CliError(f"--threads must be in 1..{cpus} (the logical CPUs this process may use), got {args.threads}")
     if args.n_gpu_layers < -1:
         raise CliError(f"--n-gpu-layers must be >= 0 (or -1: all), got {args.n_gpu_layers}")
-    if not (math.isfinite(args.temperature) and args.temperature >= 0):
-        raise CliError(f"--temp must be a finite number >= 0, got {args.temperature}")
-    if args.top_k < 0:
-        raise CliError(f"--top-k must be >= 0, got {args.top_k}")
-    if not 0 < args.top_p <= 1:
-        raise CliError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if not 0 <= args.min_p <= 1:
-        raise CliError(f"--min-p must be in [0, 1], got {args.min_p}")
 
 
 def check_kv_memory(target: str, draft: str | None, n_slots: int, n_ctx: int, n_gpu_layers: int) -> None:

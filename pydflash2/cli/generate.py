@@ -18,6 +18,7 @@ from .common import (
     parse_n_max,
     parse_tree_budget,
     resolve_draft,
+    sampling_arg,
     setup_devices,
 )
 
@@ -34,12 +35,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_exact_arg(p)
     add_flash_attn_arg(p)
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temp", "--temperature", dest="temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=sampling_arg("max_tokens"), default=256)
+    p.add_argument("--temperature", type=sampling_arg("temperature"), default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=sampling_arg("top_p"), default=1.0)
+    p.add_argument("--top-k", type=sampling_arg("top_k"), default=0, help="0 = off (default)")
+    p.add_argument("--min-p", type=sampling_arg("min_p"), default=0.0)
+    p.add_argument("--seed", type=sampling_arg("seed"), default=None,
+                   help="any integer in -2**63..2**64-1, taken modulo 2**64 (default: a random seed)")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--n-max", type=parse_n_max, default="auto",
                    help="drafts per block: auto (default) or N (0 = plain)")
@@ -60,8 +62,6 @@ def run(args: argparse.Namespace) -> int:
     from ..speculator import GenerationError, Speculator
 
     check_run_args(args)
-    if args.max_tokens < 1:
-        raise CliError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     setup_devices(args)
     draft = resolve_draft(args)
     check_kv_memory(args.model, draft, 1, args.n_ctx, args.n_gpu_layers)

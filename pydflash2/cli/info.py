@@ -1,4 +1,5 @@
-"""`pydflash2 info [DRAFTER.gguf]`: the native build and its backends, or a drafter's hyperparameters."""
+"""`pydflash2 info [DRAFTER.gguf [--target T.gguf]]`: the native build and its backends, or a drafter's
+hyperparameters, and whether it fits a target."""
 
 from __future__ import annotations
 
@@ -13,14 +14,35 @@ NAME = "info"
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(NAME, help="show the native build and backends, or inspect a drafter GGUF")
     p.add_argument("file", nargs="?", help="drafter GGUF to check against the dflash contract")
+    p.add_argument("--target", metavar="T.gguf",
+                   help="also check that the drafter fits this target GGUF (the converter's checks: hidden size, "
+                        "vocabulary, tapped layers, MASK token), one line per mismatch; the exit status is 1 when "
+                        "it does not fit ('smollm2': the default target)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=run)
+
+
+def _fit(target: str, hp: dict) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of the drafter hp (inspect_drafter's numbers) on target."""
+    from ..models import resolve_target
+    from ..ollama.modelfile import ModelfileError, read_target
+
+    try:
+        path = resolve_target(target)
+        if not path.is_file():
+            raise CliError(f"--target: {path} does not exist" if not path.exists() else f"--target: {path} is "
+                           "not a file")
+        return read_target(path).fit(path, hp)
+    except (FileNotFoundError, ModelfileError) as e:
+        raise CliError(f"--target: {e}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     from ..info import DrafterFileError, inspect_drafter, native_info
 
     info = native_info()
+    if args.target is not None and args.file is None:
+        raise CliError("--target needs a drafter GGUF to check against it")
     if args.file is None:
         if args.json:
             print(json.dumps(info, indent=2))
@@ -41,12 +63,22 @@ def run(args: argparse.Namespace) -> int:
         hp = inspect_drafter(args.file)
     except DrafterFileError as e:
         raise CliError(f"{args.file}: {e}") from None
+    problems, notes = _fit(args.target, hp) if args.target is not None else ([], [])
+    status = 1 if problems else 0
     if args.json:
-        print(json.dumps(hp, indent=2))
-        return 0
+        fit = {"fit": {"target": args.target, "fits": not problems, "problems": problems, "warnings": notes}}
+        print(json.dumps({**hp, **fit} if args.target is not None else hp, indent=2))
+        return status
     kind = "DFlash2" if hp["version"] == 2 else "DFlash"
     print(f"{args.file}: {kind} drafter, {hp['n_params'] / 1e6:.2f} M parameters in {hp['n_tensors']} tensors")
     print(f"backend devices: {', '.join(d['name'] for d in info['devices'])}")
     for key, value in hp.items():
         print(f"  {key:<24} {value}")
-    return 0
+    if args.target is not None:
+        for line in problems:
+            print(f"does not fit {args.target}: {line}")
+        for line in notes:
+            print(f"warning: {line}")
+        if not problems:
+            print(f"fits {args.target}")
+    return status

@@ -24,6 +24,7 @@ from .common import (
     parse_n_max,
     parse_tree_budget,
     resolve_draft,
+    sampling_arg,
     setup_devices,
 )
 
@@ -55,11 +56,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-a", "--alias", "--model-alias", dest="model_alias", default=None,
                    help="model id /v1/models lists (default: the GGUF file name stem); requests may name any model")
     g = p.add_argument_group("sampling defaults", "what a request that leaves the field out gets (llama-server's)")
-    g.add_argument("--temp", "--temperature", dest="temperature", type=float, default=0.8,
+    g.add_argument("--temp", "--temperature", dest="temperature", type=sampling_arg("temperature"), default=0.8,
                    help="temperature (default 0.8; 0 = greedy)")
-    g.add_argument("--top-k", type=int, default=40, help="top-k (default 40; 0 = off)")
-    g.add_argument("--top-p", type=float, default=0.95, help="top-p (default 0.95; 1 = off)")
-    g.add_argument("--min-p", type=float, default=0.05, help="min-p (default 0.05; 0 = off)")
+    g.add_argument("--top-k", type=sampling_arg("top_k"), default=40, help="top-k (default 40; 0 = off)")
+    g.add_argument("--top-p", type=sampling_arg("top_p"), default=0.95, help="top-p (default 0.95; 1 = off)")
+    g.add_argument("--min-p", type=sampling_arg("min_p"), default=0.05, help="min-p (default 0.05; 0 = off)")
     p.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (default 1 MiB)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="info (default) logs one access line per request")

@@ -48,6 +48,15 @@ class TargetFacts:
     bos_token: str
     eos_token: str
 
+    def fit(self, path: Path, hp: dict) -> tuple[list[str], list[str]]:
+        """Whether the drafter whose numbers hp holds (inspect_drafter's) fits this target
+        at path: the converter's own checks (pydflash2.convert.validate.gguf_fit), as
+        (problems, warnings)."""
+        from ..convert.target import Target
+        from ..convert.validate import gguf_fit
+
+        return gguf_fit(hp, Target(path, "gguf", self.n_embd, self.n_layer, self.n_vocab))
+
 
 def read_target(path: Path) -> TargetFacts:
     """Loads the target's metadata and vocabulary only (no weights, and much faster
@@ -143,18 +152,10 @@ def _resolve_drafter(draft: str | os.PathLike[str] | None) -> Path:
 
 def _check_fit(target_path: Path, facts: TargetFacts, draft_path: Path, hp: dict) -> None:
     """The converter's own target/drafter checks, on the drafter GGUF's numbers."""
-    from ..convert.target import Target
-    from ..convert.validate import fit_problems, fit_warnings
-
-    target = Target(target_path, "gguf", facts.n_embd, facts.n_layer, facts.n_vocab)
-    layer_ids = [i - 1 for i in hp["target_layers"]]  # GGUF ids name the next layer's input
-    problems = fit_problems(
-        target, hidden_size=hp["n_embd"], vocab_size=hp["n_vocab"], target_layer_ids=layer_ids,
-        mask_token_id=hp["mask_token_id"],
-    )
+    problems, notes = facts.fit(target_path, hp)
     if problems:
         raise ModelfileError(f"drafter {draft_path} does not fit target {target_path}: {'; '.join(problems)}")
-    for w in fit_warnings(layer_ids, target):
+    for w in notes:
         warnings.warn(w, ModelfileWarning, stacklevel=3)
 
 

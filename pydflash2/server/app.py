@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from ..chat_template import ChatTemplate
 from ..grammar_limits import GrammarLimits
+from ..sampling import random_seed
 from . import schemas, steering
 from .answers import Answer
 from .auth import key_matches
@@ -283,7 +283,7 @@ def _submit(scheduler: Scheduler, request: Request, body: schemas._Sampling, tok
     if max_tokens > n_ctx:
         raise ApiError(400, f"max_tokens ({max_tokens}) exceeds the context of {n_ctx} tokens per request",
                        param="max_tokens")
-    seed = body.seed if body.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+    seed = body.seed if body.seed is not None else random_seed()
     d = config.defaults
 
     def pick(v: Any, default: Any) -> Any:
@@ -292,7 +292,7 @@ def _submit(scheduler: Scheduler, request: Request, body: schemas._Sampling, tok
     req = GenerationRequest(
         prompt_tokens=tokens,
         sampling=Sampling(temperature=pick(body.temperature, d.temperature), top_p=pick(body.top_p, d.top_p),
-                          top_k=pick(body.top_k, d.top_k), min_p=pick(body.min_p, d.min_p), seed=seed % (1 << 64)),
+                          top_k=pick(body.top_k, d.top_k), min_p=pick(body.min_p, d.min_p), seed=seed),
         max_tokens=max_tokens, stop=body.stop_list(), loop=asyncio.get_running_loop(),
         engine_options=steer.engine_options,
     )

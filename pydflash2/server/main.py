@@ -87,7 +87,8 @@ def load(opts: ServerOptions) -> Loaded:
                          flash_attn=flash_attn, tree_budget=opts.tree_budget, exact=opts.exact)
     llm = engine.llm
     vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
-    metrics = ServerMetrics(engine.n_slots, engine.max_draft)
+    model_id = opts.model_alias or Path(model_path).stem
+    metrics = ServerMetrics(engine.n_slots, engine.max_draft, model_name=model_id)
     scheduler = Scheduler(
         engine, metrics, opts.max_queue,
         token_bytes=lambda t: llm.detokenize([t]),
@@ -107,7 +108,6 @@ def load(opts: ServerOptions) -> Loaded:
         template=template,
         vocab=vocab,
     )
-    model_id = opts.model_alias or Path(model_path).stem
     config = ServerConfig(model_id=model_id, n_ctx=opts.n_ctx, api_keys=opts.api_keys, max_body_bytes=opts.max_body,
                           defaults=opts.defaults, body_timeout_s=opts.body_timeout,
                           request_timeout_s=opts.timeout, queue_timeout_s=opts.queue_timeout,

@@ -1,5 +1,7 @@
 """Prometheus metrics of the server, named as vLLM / llama-server name theirs
-(prefix `pydflash2:` instead of `vllm:`) so that existing dashboards work."""
+(prefix `pydflash2:` instead of `vllm:`). The four speculative-decoding counters
+of vLLM's dashboards are served under vLLM's own names too (VLLM_SPEC_DECODE),
+with its labels, so that those dashboards work unchanged."""
 
 from __future__ import annotations
 
@@ -8,6 +10,18 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 PREFIX = "pydflash2:"
+
+# The speculative-decoding counters vLLM's dashboards read (vllm/v1/spec_decode/metrics.py,
+# SpecDecodingProm): attribute -> (name, help). Each is served twice: as `pydflash2:NAME`, and as
+# `vllm:NAME` with vLLM's labels model_name (the served model id) and engine ("0": one engine here).
+# accepted_per_pos has the label position too (0 = a block's first draft).
+VLLM_SPEC_DECODE = {
+    "num_drafts": ("spec_decode_num_drafts", "Drafted blocks verified by the target"),
+    "num_draft_tokens": ("spec_decode_num_draft_tokens", "Drafted tokens verified"),
+    "num_accepted_tokens": ("spec_decode_num_accepted_tokens", "Drafted tokens accepted"),
+    "accepted_per_pos": ("spec_decode_num_accepted_tokens_per_pos",
+                         "Drafted tokens accepted, by position in the block (0 = first draft)"),
+}
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
@@ -45,16 +59,18 @@ class ServerMetrics:
     """One registry per server. The scheduler thread calls the update methods;
     render() serves GET /metrics."""
 
-    def __init__(self, n_slots: int, max_draft: int) -> None:
+    def __init__(self, n_slots: int, max_draft: int, model_name: str = "") -> None:
         r = self.registry = CollectorRegistry()
         p = PREFIX
-        self.num_drafts = Counter(p + "spec_decode_num_drafts", "Drafted blocks verified by the target", registry=r)
-        self.num_draft_tokens = Counter(p + "spec_decode_num_draft_tokens", "Drafted tokens verified", registry=r)
-        self.num_accepted_tokens = Counter(p + "spec_decode_num_accepted_tokens", "Drafted tokens accepted",
-                                           registry=r)
-        self.accepted_per_pos = Counter(p + "spec_decode_num_accepted_tokens_per_pos",
-                                        "Drafted tokens accepted, by position in the block (0 = first draft)",
-                                        ["position"], registry=r)
+        vllm_labels = {"model_name": model_name, "engine": "0"}
+        self._vllm_labels = vllm_labels
+        #: attribute -> vLLM's twin of that counter (its labels bound, but for position)
+        self.vllm: dict[str, Any] = {}
+        for attr, (name, doc) in VLLM_SPEC_DECODE.items():
+            position = ["position"] if attr == "accepted_per_pos" else []
+            setattr(self, attr, Counter(p + name, doc, position, registry=r))
+            twin = Counter("vllm:" + name, doc, list(vllm_labels) + position, registry=r)
+            self.vllm[attr] = twin if position else twin.labels(**vllm_labels)
         self.draft_seconds = Counter(p + "spec_decode_draft_seconds", "Seconds spent drafting", registry=r)
         self.verify_seconds = Counter(p + "spec_decode_verify_seconds",
                                       "Seconds spent in target decodes (verify rows and prompt chunks)", registry=r)
@@ -93,7 +109,7 @@ class ServerMetrics:
         self.slots = Gauge(p + "num_slots", "Slots (--parallel)", registry=r)
         self.slots.set(n_slots)
         for pos in range(max_draft):
-            self.accepted_per_pos.labels(position=str(pos))  # export zeros: the dashboard sees every position
+            self._per_pos(pos)  # export zeros: the dashboard sees every position
         for status in ("success", "aborted", "rejected", "invalid", "error"):
             self.requests.labels(status=status)
         self._last: dict[str, Any] | None = None
@@ -109,6 +125,8 @@ class ServerMetrics:
             delta = stats[key] - last[key]
             if delta > 0:
                 getattr(self, attr).inc(delta)
+                if attr in self.vllm:
+                    self.vllm[attr].inc(delta)
         queried = stats["n_prompt"] + stats["n_prompt_reused"] - last["n_prompt"] - last["n_prompt_reused"]
         if queried > 0:
             self.prefix_cache_queries.inc(queried)
@@ -119,7 +137,13 @@ class ServerMetrics:
         for pos, (now, before) in enumerate(zip(stats["accepted_per_position"], last["accepted_per_position"],
                                                 strict=True)):
             if now > before:
-                self.accepted_per_pos.labels(position=str(pos)).inc(now - before)
+                for counter in self._per_pos(pos):
+                    counter.inc(now - before)
+
+    def _per_pos(self, pos: int) -> tuple[Any, Any]:
+        """The accepted-per-position counters of position pos: ours and vLLM's."""
+        return (self.accepted_per_pos.labels(position=str(pos)),
+                self.vllm["accepted_per_pos"].labels(**self._vllm_labels, position=str(pos)))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .validation import Int32, NonNegativeInt32
+from ..sampling import check_param
+from .validation import Int32
 
 MAX_STOP = 4
 
@@ -20,14 +21,14 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    max_tokens: Int32 | None = None
+    max_tokens: int | None = None
     # OpenAI's newer name of max_tokens (langchain-openai and pydantic-ai send only this one); an alias,
     # as in llama-server
-    max_completion_tokens: Int32 | None = None
+    max_completion_tokens: int | None = None
     # None: the server's default (llama-server's: 0.8, 0.95, 40, 0.05; `serve --temp/--top-p/--top-k/--min-p`)
     temperature: float | None = None
     top_p: float | None = None
-    top_k: NonNegativeInt32 | None = None
+    top_k: int | None = None
     min_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
@@ -36,40 +37,12 @@ class _Sampling(BaseModel):
     # extension (as vLLM's): the completion's token ids in choices[0].token_ids (non-streamed answers)
     return_token_ids: bool = False
 
-    @field_validator("temperature")
+    @field_validator("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "max_completion_tokens")
     @classmethod
-    def _temperature(cls, v: float | None) -> float | None:
-        if v is not None and (not math.isfinite(v) or v < 0):
-            raise ValueError("temperature must be a finite number >= 0")
-        return v
-
-    @field_validator("top_p")
-    @classmethod
-    def _top_p(cls, v: float | None) -> float | None:
-        if v is not None and not 0 < v <= 1:
-            raise ValueError("top_p must be in (0, 1]")
-        return v
-
-    @field_validator("top_k")
-    @classmethod
-    def _top_k(cls, v: int | None) -> int | None:
-        if v is not None and v < 0:
-            raise ValueError("top_k must be >= 0 (0 = off)")
-        return v
-
-    @field_validator("min_p")
-    @classmethod
-    def _min_p(cls, v: float | None) -> float | None:
-        if v is not None and not 0 <= v <= 1:
-            raise ValueError("min_p must be in [0, 1]")
-        return v
-
-    @field_validator("max_tokens", "max_completion_tokens")
-    @classmethod
-    def _max_tokens(cls, v: int | None, info: Any) -> int | None:
-        if v is not None and v < 1:
-            raise ValueError(f"{info.field_name} must be >= 1")
-        return v
+    def _in_range(cls, v: Any, info: Any) -> Any:
+        """The ranges the CLI and the Python API check too (pydflash2.sampling.check_param)."""
+        name = "max_tokens" if info.field_name == "max_completion_tokens" else info.field_name
+        return v if v is None else check_param(name, v, label=info.field_name)
 
     @model_validator(mode="after")
     def _one_max_tokens(self) -> _Sampling:
@@ -85,13 +58,6 @@ class _Sampling(BaseModel):
     def _n(cls, v: int) -> int:
         if v != 1:
             raise ValueError("only n = 1 is supported")
-        return v
-
-    @field_validator("seed")
-    @classmethod
-    def _seed(cls, v: int | None) -> int | None:
-        if v is not None and not -(2**63) <= v < 2**64:
-            raise ValueError("seed must fit 64 bits")
         return v
 
     @field_validator("stop")
@@ -151,9 +117,7 @@ class _Steering(BaseModel):
     @field_validator("repeat_last_n")
     @classmethod
     def _repeat_last_n(cls, v: int | None) -> int | None:
-        if v is not None and v < -1:
-            raise ValueError("must be >= -1 (-1 = the whole context, 0 = off)")
-        return v
+        return v if v is None else check_param("repeat_last_n", v)
 
     @field_validator("grammar")
     @classmethod

@@ -26,7 +26,6 @@ FLOAT32_MAX = 3.4028234663852886e38
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1  # the widest native integer: a 64-bit seed (signed or not)
 
 Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
-NonNegativeInt32 = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
 class InvalidField(ValueError):

@@ -1,5 +1,7 @@
 #include "engine/target_sampling.h"
 
+#include "engine/mutation.h"
+
 #include "common/errors.h"
 #include "engine/grammar_shape.h"
 
@@ -158,13 +160,13 @@ TargetSampler::TargetSampler(const SamplingParams & params, const llama_vocab * 
             llama_sampler_chain_add(shaping_, llama_sampler_init_logit_bias(
                 n_vocab_, static_cast<int32_t>(params_.logit_bias.size()), params_.logit_bias.data()));
         }
-        if (params_.penalized()) {
+        if (params_.penalized() && active_mutation() != Mutation::SkipPenalties) {
             llama_sampler_chain_add(shaping_, llama_sampler_init_penalties(
                 n_vocab_, params_.repeat_last_n, params_.repeat_penalty, params_.frequency_penalty,
                 params_.presence_penalty));
         }
     }
-    if (!params_.grammar.empty()) {
+    if (!params_.grammar.empty() && active_mutation() != Mutation::SkipGrammar) {
         if (params_.grammar.find('\0') != std::string::npos) {
             throw Error("grammar: the GBNF text holds a NUL character");
         }

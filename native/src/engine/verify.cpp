@@ -1,5 +1,7 @@
 #include "engine/verify.h"
 
+#include "engine/mutation.h"
+
 #include <algorithm>
 
 namespace pdf2 {
@@ -36,7 +38,7 @@ bool accept_draft(llama_token draft, const SparseDist & q, const float * logits,
         return want == draft;
     }
     sampler.distribution(logits, p);
-    const float pd = p.prob_of(draft);
+    const float pd = active_mutation() == Mutation::QForP ? q.prob_of(draft) : p.prob_of(draft);
     const float qd = q.prob_of(draft);
     if (qd > 0.0f && sampler.uniform() * qd < pd) {  // accept with probability min(1, p/q)
         return true;
@@ -56,6 +58,11 @@ VerifyResult verify_chain(const std::vector<llama_token> & drafts, const std::ve
         llama_token next = -1;
         const bool kept = accept_draft(drafts[j], j < q.size() ? q[j] : none, row(static_cast<int>(j)), sampler, p,
                                        &next);
+        if (!kept && active_mutation() == Mutation::AcceptExtraDraft && j + 1 < drafts.size()) {
+            sampler.accept(drafts[j]);  // the defect: a rejected draft kept
+            ++r.n_accepted;
+            continue;
+        }
         if (!kept) {
             sampler.accept(next);
             r.next = next;
@@ -84,6 +91,14 @@ VerifyResult verify_tree(const DraftTree & tree, const LogitRows & node_row, Tar
             if (tree.parent[static_cast<size_t>(v)] == node && tree.token[static_cast<size_t>(v)] == x) {
                 child = v;
                 break;
+            }
+        }
+        if (child >= 0 && active_mutation() == Mutation::WrongTreeBranch) {
+            for (int v = node + 1; v < n; ++v) {  // the defect: a sibling of the target's choice
+                if (v != child && tree.parent[static_cast<size_t>(v)] == node) {
+                    child = v;
+                    break;
+                }
             }
         }
         if (child < 0) {
