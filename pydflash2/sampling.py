@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _native
+from . import _native, grammar_limits
 from ._native import ffi, lib
 
 MAX_LOGPROBS = 20  # top alternatives per token (OpenAI's top_logprobs limit; native MAX_LOGPROBS)
@@ -124,6 +124,8 @@ class SamplingRequest:
             raise ValueError(f"logprobs (top alternatives) must be in 0..{MAX_LOGPROBS}, got {logprobs}")
         if grammar is not None and not isinstance(grammar, str):
             raise TypeError("grammar must be GBNF text (str)")
+        if grammar:  # before llama.cpp's recursive parser sees it (a deep text overflows its stack)
+            grammar_limits.check_gbnf(grammar)
         bias = dict(logit_bias or {})
         try:
             self._bias_tokens = np.ascontiguousarray([int(t) for t in bias], dtype=np.int32)

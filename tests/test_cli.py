@@ -355,3 +355,46 @@ def test_modelfile_command(tmp_path, target_gguf, drafter2_gguf) -> None:
     assert not (tmp_path / "M").exists()
 
 
+
+
+# (options, the words the refusal must hold): each refused alike by generate and serve (one validation,
+# cli.common.check_run_args; the sampling options' ranges are their argparse types, tested above)
+BAD_RUN_OPTIONS = [
+    (["--n-ctx", "1"], "--n-ctx must be >= 32"),
+    (["--threads", "100000"], "--threads must be in 1.."),
+    (["--threads", "0"], "--threads must be in 1.."),
+    (["--n-gpu-layers", "-5"], "--n-gpu-layers must be >= 0"),
+]
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_generate_and_serve_refuse_the_same_options(command: str, target_gguf, capsys) -> None:
+    from pydflash2.cli import main
+
+    lead = ["generate", "hi"] if command == "generate" else ["serve"]
+    for options, words in BAD_RUN_OPTIONS:
+        assert main([*lead, "--model", str(target_gguf), "--draft", "none", *options]) == 2, options
+        err = capsys.readouterr().err
+        assert words in err, (options, err)
+
+
+def test_kv_caches_past_the_memory_are_refused_before_allocating(target_gguf, capsys) -> None:
+    """serve --parallel 1000000 was ended by the OOM killer after 112 s: now a refusal with the estimate."""
+    from pydflash2.cli import main
+    from pydflash2.kv_memory import kv_bytes_per_cell
+
+    assert main(["serve", "--model", str(target_gguf), "--draft", "none", "--parallel", "1000000"]) == 2
+    err = capsys.readouterr().err
+    need_gib = kv_bytes_per_cell(target_gguf) * 1000000 * 4096 / (1 << 30)
+    assert f"--parallel 1000000 x --n-ctx 4096: the KV caches need about {need_gib:.1f} GiB" in err
+    assert "GiB of memory available" in err
+
+
+def test_grammar_limit_options_are_bounded(target_gguf, capsys) -> None:
+    from pydflash2.cli import main
+
+    for options, words in ((["--max-grammar-depth", "5000"], "--max-grammar-depth must be an integer in 1..2000"),
+                           (["--max-schema-repeat", "0"], "--max-schema-repeat must be an integer in 1..1000"),
+                           (["--max-schema-enum", "-3"], "--max-schema-enum must be an integer >= 1")):
+        assert main(["serve", "--model", str(target_gguf), "--draft", "none", *options]) == 2
+        assert words in capsys.readouterr().err

@@ -141,6 +141,18 @@ int32_t pdf2_draft_length_rates(const double * verify_s, int32_t n_verify, const
 double pdf2_draft_prior_reached(void);
 double pdf2_draft_prior_accepted(void);
 
+/* ---- Grammars: the shape of a GBNF text, measured without recursion ----
+ * depth: the deepest nesting of ( ) groups (llama.cpp's parser recurses once per level, so
+ * a deep enough text overflows the stack); rules: the rules defined plus those the parser
+ * derives (one per group and per * + ?, n - m per {m,n}); max_repeat: the largest bound of a
+ * {m,n}. The engine refuses a grammar past its hard caps before llama.cpp parses it.
+ * 0 / -1 (a NULL argument, or a {m,n} with n < m, on which llama.cpp loops for ever). */
+int pdf2_grammar_shape(const char * gbnf, int64_t * depth, int64_t * rules, int64_t * max_repeat);
+/* Whether llama.cpp parses gbnf (root rule "root") against vocab (a llama_vocab *), as the
+ * engine parses a request's grammar: within the hard caps, on a thread with a 64 MiB stack.
+ * 0, or -1 with pdf2_last_error() saying why. */
+int pdf2_grammar_check(const void * vocab, const char * gbnf);
+
 /* ---- Engine: the draft-verify loop (Python API, CLI and server) ----
  * Continuous batching: n_slots requests at once, each slot a sequence of ONE
  * target context, all verify rows of a step in one llama_decode.

@@ -154,3 +154,42 @@ def add_exact_arg(p: argparse.ArgumentParser, *, what: str = "") -> None:
     p.add_argument("--exact", action="store_true",
                    help=f"refuse to run unless greedy output is bit-identical to plain decoding{what} (needs a "
                         "batch-invariant llama-cpp-python; `pydflash2 info` shows whether this one is)")
+
+
+MIN_N_CTX = 32  # a prompt, a block of drafts and a reply; less is a mistake, not a configuration
+
+
+def check_run_args(args: argparse.Namespace) -> None:
+    """The checks `generate` and `serve` share beyond the sampling options' argparse types, so that
+    both accept and refuse the same values: --n-ctx, --threads (at most the logical CPUs: more only
+    wait on each other), --n-gpu-layers."""
+    from ..kv_memory import logical_cpus
+
+    if args.n_ctx < MIN_N_CTX:
+        raise CliError(f"--n-ctx must be >= {MIN_N_CTX}, got {args.n_ctx}")
+    cpus = logical_cpus()
+    if args.threads is not None and not 1 <= args.threads <= cpus:
+        raise CliError(f"--threads must be in 1..{cpus} (the logical CPUs this process may use), got {args.threads}")
+    if args.n_gpu_layers < -1:
+        raise CliError(f"--n-gpu-layers must be >= 0 (or -1: all), got {args.n_gpu_layers}")
+
+
+def check_kv_memory(target: str, draft: str | None, n_slots: int, n_ctx: int, n_gpu_layers: int) -> None:
+    """CliError when the KV caches of n_slots x n_ctx (target and drafters) would not fit in the memory
+    available, estimated from the GGUF headers before anything is allocated (all-CPU runs: with
+    --n-gpu-layers the target's cache is on the device, which llama.cpp checks itself)."""
+    from ..kv_memory import available_bytes, estimate
+    from ..models import resolve_target
+
+    if n_gpu_layers != 0:
+        return
+    try:
+        need = estimate(resolve_target(target), draft, n_slots, n_ctx)
+    except (OSError, ValueError):  # not a readable GGUF: loading it says why
+        return
+    have = available_bytes()
+    if have is not None and need["total"] > have:
+        gib = 1 << 30
+        raise CliError(f"--parallel {n_slots} x --n-ctx {n_ctx}: the KV caches need about "
+                       f"{need['total'] / gib:.1f} GiB (target {need['target'] / gib:.1f} GiB, drafters "
+                       f"{need['drafter'] / gib:.1f} GiB), more than the {have / gib:.1f} GiB of memory available")

@@ -12,6 +12,8 @@ from .common import (
     add_exact_arg,
     add_flash_attn_arg,
     add_model_args,
+    check_kv_memory,
+    check_run_args,
     flash_attn_choice,
     parse_n_max,
     parse_tree_budget,
@@ -59,8 +61,10 @@ def run(args: argparse.Namespace) -> int:
     from ..models import resolve_target
     from ..speculator import GenerationError, Speculator
 
+    check_run_args(args)
     setup_devices(args)
     draft = resolve_draft(args)
+    check_kv_memory(args.model, draft, 1, args.n_ctx, args.n_gpu_layers)
     try:
         spec = Speculator(
             resolve_target(args.model), draft, n_ctx=args.n_ctx, n_threads=args.threads,

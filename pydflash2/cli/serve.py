@@ -7,8 +7,10 @@ import argparse
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
+from ..grammar_limits import DEFAULT_LIMITS, LIMIT_CAPS, GrammarLimits, option_name
 from .common import (
     TREE_BUDGET_HELP,
     CliError,
@@ -16,6 +18,8 @@ from .common import (
     add_exact_arg,
     add_flash_attn_arg,
     add_model_args,
+    check_kv_memory,
+    check_run_args,
     flash_attn_choice,
     parse_n_max,
     parse_tree_budget,
@@ -76,6 +80,20 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-alive-timeout", type=float, default=30.0,
                    help="seconds an idle keep-alive connection stays open (default 30: longer than the 5 s after "
                         "which httpx/openai clients drop pooled connections, so they never reuse one being closed)")
+    lim = p.add_argument_group("grammar and schema limits", "a request past one gets a 400 naming it (llama.cpp's "
+                               "grammar parser recurses: these keep a request from overflowing its stack)")
+    for name, what in (("grammar_bytes", "size of a GBNF grammar, given or converted from a JSON schema"),
+                       ("grammar_depth", "nesting of ( ) groups in a GBNF grammar"),
+                       ("grammar_rules", "GBNF rules, defined and derived (one per group and per * + ?, n-m "
+                                         "per {m,n})"),
+                       ("grammar_repeat", "the largest bound of a GBNF {m,n} (llama.cpp ignores a larger upper "
+                                          "bound)"),
+                       ("schema_repeat", "JSON schema: maxLength, minLength, maxItems, minItems (llama.cpp refuses "
+                                         "the converter's grammar past 1000)"),
+                       ("schema_enum", "JSON schema: values of one enum, alternatives of one anyOf / oneOf")):
+        default, cap = getattr(DEFAULT_LIMITS, name), LIMIT_CAPS.get(name)
+        lim.add_argument(option_name(name), dest=f"max_{name}", type=int, default=default, metavar="N",
+                         help=f"{what} (default {default}" + (f", at most {cap})" if cap else ")"))
     p.add_argument("--ssl-keyfile", default=None, help="TLS private key (PEM); with --ssl-certfile: https")
     p.add_argument("--ssl-certfile", default=None, help="TLS certificate chain (PEM)")
 
@@ -94,8 +112,7 @@ def run(args: argparse.Namespace, hooks: SchedulerHooks | None = None) -> int:
         raise CliError(f"--max-queue must be >= 0, got {args.max_queue}")
     if not 0 < args.port < 65536:
         raise CliError(f"--port must be in 1..65535, got {args.port}")
-    if args.n_ctx < 32:
-        raise CliError(f"--n-ctx must be >= 32, got {args.n_ctx}")
+    check_run_args(args)
     for name in ("timeout", "queue_timeout", "body_timeout", "stall_timeout", "shutdown_timeout",
                  "keep_alive_timeout"):
         if not (math.isfinite(getattr(args, name)) and getattr(args, name) >= 0):
@@ -105,6 +122,10 @@ def run(args: argparse.Namespace, hooks: SchedulerHooks | None = None) -> int:
     for name in ("body_timeout", "keep_alive_timeout"):
         if getattr(args, name) <= 0:
             raise CliError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    try:
+        limits = GrammarLimits(**{f.name: getattr(args, f"max_{f.name}") for f in fields(GrammarLimits)})
+    except ValueError as e:
+        raise CliError(str(e)) from None
     setup_devices(args)
     from ..server.app import SamplingDefaults
     from ..server.auth import load_keys
@@ -116,6 +137,7 @@ def run(args: argparse.Namespace, hooks: SchedulerHooks | None = None) -> int:
         raise CliError(f"--api-key-file: {e}") from None
 
     draft = resolve_draft(args)  # the shipped drafter for the default model when --draft is omitted
+    check_kv_memory(args.model, draft, args.parallel, args.n_ctx, args.n_gpu_layers)
     try:
         return serve(ServerOptions(
             model=args.model, draft=draft, host=args.host, port=args.port, n_ctx=args.n_ctx,
@@ -130,7 +152,7 @@ def run(args: argparse.Namespace, hooks: SchedulerHooks | None = None) -> int:
             timeout=args.timeout or None, queue_timeout=args.queue_timeout or None,
             body_timeout=args.body_timeout, stall_timeout=args.stall_timeout,
             shutdown_timeout=args.shutdown_timeout, keep_alive_timeout=args.keep_alive_timeout,
-            ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, hooks=hooks,
+            ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, grammar_limits=limits, hooks=hooks,
         ))
     except (OSError, ValueError, RuntimeError) as e:
         raise CliError(str(e)) from None

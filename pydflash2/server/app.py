@@ -15,12 +15,15 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import anyio
+import anyio.to_thread
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from sse_starlette.sse import EventSourceResponse
 
 from ..chat_template import ChatTemplate
+from ..grammar_limits import GrammarLimits
 from ..sampling import random_seed
 from . import schemas, steering
 from .answers import Answer
@@ -37,6 +40,7 @@ DISCONNECT_POLL_S = 0.2
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 Body = TypeVar("Body", bound=BaseModel)
+T = TypeVar("T")
 
 
 class ApiError(Exception):
@@ -68,6 +72,10 @@ class ServerConfig:
     request_timeout_s: float | None = None  # --timeout: from arrival to the last token
     queue_timeout_s: float | None = None  # from arrival to a slot
     stall_timeout_s: float = 0.0  # /health turns 503 after this long without progress while work is pending
+    grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)  # --max-grammar-*, --max-schema-*
+    # requests' CPU work off the event loop (templates, tokenising, schema conversion, grammar checks):
+    # at most this many at once, in worker threads, so that /health and the streams keep answering
+    cpu_workers: int = 4
 
 
 @dataclass
@@ -153,13 +161,18 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
              "meta": {"n_ctx": config.n_ctx, "n_slots": scheduler.engine.n_slots}}]})
 
     features = steering.engine_features(scheduler.engine)
+    cpu_work = anyio.CapacityLimiter(config.cpu_workers)
+
+    async def offload(fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) on a worker thread, at most config.cpu_workers at once: never on the event loop."""
+        return await anyio.to_thread.run_sync(fn, *args, limiter=cpu_work)
 
     def steer(body: schemas.CompletionRequest | schemas.ChatCompletionRequest) -> steering.Steering:
         if body.stream_options is not None and not body.stream:
             raise ApiError(400, "stream_options: only allowed with stream: true", param="stream_options")
         try:
             return steering.build(body, features=features, n_vocab=tokenizer.n_vocab, n_ctx=config.n_ctx,
-                                  vocab=tokenizer.vocab, template=tokenizer.template)
+                                  vocab=tokenizer.vocab, template=tokenizer.template, limits=config.grammar_limits)
         except steering.FieldError as e:
             raise ApiError(400, str(e), param=e.param) from None
 
@@ -172,16 +185,16 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
                 raise ApiError(400, f"{name}: not supported by this server", param=name)
         # tokenizing (and templating, below) a long prompt takes a while: off the event loop
         if isinstance(body.prompt, str):
-            tokens = await asyncio.to_thread(tokenizer.raw, body.prompt)
+            tokens = await offload(tokenizer.raw, body.prompt)
         elif isinstance(body.prompt[0], str):
-            tokens = await asyncio.to_thread(tokenizer.raw, body.prompt[0])  # type: ignore[arg-type]
+            tokens = await offload(tokenizer.raw, body.prompt[0])
         else:
             tokens = [int(t) for t in body.prompt]  # type: ignore[union-attr]
             bad = [t for t in tokens if not 0 <= t < tokenizer.n_vocab]
             if bad:
                 raise ApiError(400, f"prompt token ids outside the vocabulary (0..{tokenizer.n_vocab - 1}): {bad[:5]}",
                                param="prompt")
-        st = steer(body)
+        st = await offload(steer, body)  # schema conversion and llama.cpp's grammar check take a while
         req = _submit(scheduler, request, body, tokens, config, COMPLETION_DEFAULT_MAX_TOKENS, st)
         answer = Answer(schemas.new_id("cmpl"), config.model_id, body, st, tokenizer.piece)
         if body.stream:
@@ -191,8 +204,8 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
     @app.post("/v1/chat/completions", dependencies=protected)
     async def chat_completions(request: Request) -> Response:
         body = await _read_body(request, schemas.ChatCompletionRequest, config)
-        st = steer(body)
-        tokens = await asyncio.to_thread(_chat_tokens, tokenizer, body)
+        st = await offload(steer, body)
+        tokens = await offload(_chat_tokens, tokenizer, body)
         req = _submit(scheduler, request, body, tokens, config, None, st)
         answer = Answer(schemas.new_id("chatcmpl"), config.model_id, body, st, tokenizer.piece)
         if body.stream:
@@ -201,7 +214,7 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
 
     add_template_routes(app, protected, tokenizer,
                         read_body=lambda request, model: _read_body(request, model, config),
-                        bad_request=lambda message, param: ApiError(400, message, param=param))
+                        bad_request=lambda message, param: ApiError(400, message, param=param), offload=offload)
     return app
 
 

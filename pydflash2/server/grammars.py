@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import llama_cpp
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
+from .. import grammar_limits
+from ..grammar_limits import DEFAULT_LIMITS, GrammarLimits
 
-def response_format_grammar(response_format: dict[str, Any]) -> str | None:
+
+def response_format_grammar(response_format: dict[str, Any], limits: GrammarLimits = DEFAULT_LIMITS) -> str | None:
     """GBNF for an OpenAI response_format; None for {"type": "text"}. ValueError
     for a schema the converter cannot turn into a grammar.
 
@@ -24,13 +26,13 @@ def response_format_grammar(response_format: dict[str, Any]) -> str | None:
         return None
     if kind == "json_object":
         schema = response_format.get("schema")
-        return JSON_GBNF if schema is None else schema_grammar(schema)
+        return JSON_GBNF if schema is None else schema_grammar(schema, limits)
     if kind == "json_schema":
         holder = response_format.get("json_schema") or response_format
         schema = holder.get("schema")
         if schema is None:
             raise ValueError("json_schema.schema is missing")
-        return schema_grammar(schema)
+        return schema_grammar(schema, limits)
     raise ValueError(f"type must be 'text', 'json_object' or 'json_schema', got {kind!r}")
 
 
@@ -67,20 +69,19 @@ def check_schema(schema: Any, path: str = "") -> None:
                 check_schema(s, f"{path}/{key}/{i}")
 
 
-def schema_grammar(schema: Any) -> str:
+def schema_grammar(schema: Any, limits: GrammarLimits = DEFAULT_LIMITS) -> str:
     if isinstance(schema, bool) or not isinstance(schema, dict):
         raise ValueError("the JSON schema must be an object")
+    grammar_limits.check_schema(schema, limits)  # before the converter's recursion and llama.cpp's
     check_schema(schema)
     try:
-        return json_schema_to_gbnf(json.dumps(schema))
+        return json_schema_to_gbnf(json.dumps(grammar_limits.normalize_schema(schema)))
     except Exception as e:  # the converter raises bare exceptions on what it does not support
         raise ValueError(f"the JSON schema cannot be turned into a grammar: {e}") from None
 
 
-def check_grammar(vocab: Any, grammar: str) -> None:
-    """ValueError unless llama.cpp's grammar parser accepts `grammar` (root rule "root")."""
-    sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
-    if not sampler:
-        raise ValueError("llama.cpp's GBNF parser rejected the grammar (a syntax error, an undefined rule "
-                         "or no 'root' rule)")
-    llama_cpp.llama_sampler_free(sampler)
+def check_grammar(vocab: Any, grammar: str, limits: GrammarLimits = DEFAULT_LIMITS) -> None:
+    """ValueError unless `grammar` is within `limits` (grammar_limits.LimitError) and llama.cpp's
+    grammar parser accepts it (root rule "root"), parsed as the engine parses it (on a big stack)."""
+    grammar_limits.check_gbnf(grammar, limits)
+    grammar_limits.check_parses(vocab, grammar)

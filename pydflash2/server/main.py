@@ -15,6 +15,7 @@ import llama_cpp
 import uvicorn
 
 from ..chat_template import ChatTemplate
+from ..grammar_limits import GrammarLimits
 from ..models import resolve_target
 from .access_log import AccessLog
 from .app import SamplingDefaults, ServerConfig, Tokenizer, create_app
@@ -59,6 +60,7 @@ class ServerOptions:
     keep_alive_timeout: float = 30.0
     ssl_keyfile: str | None = None
     ssl_certfile: str | None = None
+    grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)
     # the step loop's fault points, for tests only (pydflash2_testing.fault_server); no CLI option sets it
     hooks: SchedulerHooks | None = None
 
@@ -109,7 +111,7 @@ def load(opts: ServerOptions) -> Loaded:
     config = ServerConfig(model_id=model_id, n_ctx=opts.n_ctx, api_keys=opts.api_keys, max_body_bytes=opts.max_body,
                           defaults=opts.defaults, body_timeout_s=opts.body_timeout,
                           request_timeout_s=opts.timeout, queue_timeout_s=opts.queue_timeout,
-                          stall_timeout_s=opts.stall_timeout)
+                          stall_timeout_s=opts.stall_timeout, grammar_limits=opts.grammar_limits)
     app = create_app(scheduler, tokenizer, config)
     scheduler.start()
     log.info("serving '%s' with %d slot(s) of %d tokens, drafter %s", model_id, opts.parallel, opts.n_ctx,

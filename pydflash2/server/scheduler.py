@@ -232,8 +232,7 @@ class Scheduler:
                     self._drop_cancelled_waiting()
                     self._expire_waiting(t_iter)
                 try:
-                    with self._cond:
-                        self._admit()
+                    self._admit()  # takes the lock itself: not while a request's grammar compiles in start()
                     self._stop_cancelled()
                     self._expire_active(t_iter)
                     if self._hooks is not None and self._active:
@@ -329,13 +328,20 @@ class Scheduler:
         self.metrics.waiting.set(len(self._waiting))
 
     def _admit(self) -> None:
-        free = [s for s in range(self.engine.n_slots) if s not in self._active]
-        while free and self._waiting:
-            req = self._waiting.popleft()
+        """Starts waiting requests on free slots. The lock is held only to take a request and to
+        add it to the active ones: engine.start() compiles the request's grammar (up to a second
+        for one at the limits), and /health, submit() and the handlers must not wait for that."""
+        free = [s for s in range(self.engine.n_slots) if s not in self._active]  # _active: this thread's
+        while free:
+            with self._cond:
+                if not self._waiting:
+                    break
+                req = self._waiting.popleft()
             try:
                 slot = self._pick_slot(free, req.prompt_tokens)
             except Exception:  # the engine failed: the request waits for the recovered one
-                self._waiting.appendleft(req)
+                with self._cond:
+                    self._waiting.appendleft(req)
                 raise
             s = req.sampling
             try:
@@ -347,9 +353,10 @@ class Scheduler:
                 self._reject(req, str(e), status=400)
                 continue
             free.remove(slot)
-            self._active[slot] = _Active(req, TextStream(self._token_bytes, req.stop),
-                                         clock=RequestClock(n_prompt=len(req.prompt_tokens), n_cached=cached))
-            self._last_request[slot] = req.request_id or ""
+            with self._cond:
+                self._active[slot] = _Active(req, TextStream(self._token_bytes, req.stop),
+                                             clock=RequestClock(n_prompt=len(req.prompt_tokens), n_cached=cached))
+                self._last_request[slot] = req.request_id or ""
         self.metrics.waiting.set(len(self._waiting))
         self.metrics.running.set(len(self._active))
 

@@ -16,6 +16,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
+from ..grammar_limits import DEFAULT_LIMITS, GrammarLimits
 from . import grammars, tools
 from .schemas import ChatCompletionRequest, CompletionRequest
 
@@ -63,9 +64,9 @@ def _require(features: frozenset[str], name: str, param: str) -> None:
 
 
 def build(body: CompletionRequest | ChatCompletionRequest, *, features: frozenset[str], n_vocab: int, n_ctx: int,
-          vocab: Any, template: Any = None) -> Steering:
+          vocab: Any, template: Any = None, limits: GrammarLimits = DEFAULT_LIMITS) -> Steering:
     """Checks and converts a request's steering fields. template: the chat
-    template (chat requests), for tools."""
+    template (chat requests), for tools; limits: the grammar and JSON-schema limits."""
     opts: dict[str, Any] = {}
     grammar_param: str | None = None
 
@@ -73,7 +74,7 @@ def build(body: CompletionRequest | ChatCompletionRequest, *, features: frozense
         opts["grammar"], grammar_param = body.grammar, "grammar"
     if body.response_format is not None:
         try:
-            g = grammars.response_format_grammar(body.response_format)
+            g = grammars.response_format_grammar(body.response_format, limits)
         except ValueError as e:
             raise FieldError("response_format", str(e)) from None
         if g is not None:
@@ -91,7 +92,7 @@ def build(body: CompletionRequest | ChatCompletionRequest, *, features: frozense
     if grammar_param:
         _require(features, "grammar", grammar_param)
         try:
-            grammars.check_grammar(vocab, opts["grammar"])
+            grammars.check_grammar(vocab, opts["grammar"], limits)
         except ValueError as e:
             raise FieldError(grammar_param, str(e)) from None
 

@@ -37,7 +37,9 @@ class DetokenizeRequest(BaseModel):
 
 def add_template_routes(app: FastAPI, dependencies: list[Any], tokenizer: Any, *,
                         read_body: Callable[[Request, type[Any]], Awaitable[Any]],
-                        bad_request: Callable[[str, str | None], Exception]) -> None:
+                        bad_request: Callable[[str, str | None], Exception],
+                        offload: Callable[..., Awaitable[Any]]) -> None:
+    """offload(fn, *args): fn on a worker thread (tokenising and templating a long text take a while)."""
     def check_ids(ids: list[int], param: str) -> None:
         bad = [t for t in ids if not 0 <= t < tokenizer.n_vocab]
         if bad:
@@ -47,6 +49,9 @@ def add_template_routes(app: FastAPI, dependencies: list[Any], tokenizer: Any, *
     @app.post("/tokenize", dependencies=dependencies)
     async def tokenize(request: Request) -> JSONResponse:
         body: TokenizeRequest = await read_body(request, TokenizeRequest)
+        return JSONResponse({"tokens": await offload(tokens_of, body)})
+
+    def tokens_of(body: TokenizeRequest) -> list[int] | list[dict[str, Any]]:
         parts = [body.content] if isinstance(body.content, str) else body.content
         ids: list[int] = []
         for i, part in enumerate(parts):  # as llama-server's tokenize_mixed: BOS only before a first text part
@@ -56,7 +61,7 @@ def add_template_routes(app: FastAPI, dependencies: list[Any], tokenizer: Any, *
                 ids.append(part)
         check_ids(ids, "content")
         if not body.with_pieces:
-            return JSONResponse({"tokens": ids})
+            return ids
         out = []
         for t in ids:
             b = tokenizer.piece(t)
@@ -65,20 +70,22 @@ def add_template_routes(app: FastAPI, dependencies: list[Any], tokenizer: Any, *
             except UnicodeDecodeError:
                 piece = list(b)
             out.append({"id": t, "piece": piece})
-        return JSONResponse({"tokens": out})
+        return out
 
     @app.post("/detokenize", dependencies=dependencies)
     async def detokenize(request: Request) -> JSONResponse:
         body: DetokenizeRequest = await read_body(request, DetokenizeRequest)
         check_ids(body.tokens, "tokens")
-        text = b"".join(tokenizer.piece(t) for t in body.tokens)
+        text = await offload(lambda: b"".join(tokenizer.piece(t) for t in body.tokens))
         return JSONResponse({"content": text.decode("utf-8", errors="replace")})
 
     @app.post("/apply-template", dependencies=dependencies)
     async def apply_template(request: Request) -> JSONResponse:
         body: schemas.ChatCompletionRequest = await read_body(request, schemas.ChatCompletionRequest)
+        return JSONResponse({"prompt": await offload(render, body)})
+
+    def render(body: schemas.ChatCompletionRequest) -> str:
         try:
-            prompt, _ = tokenizer.render(body.template_messages(), **body.template_variables())
+            return tokenizer.render(body.template_messages(), **body.template_variables())[0]
         except Exception as e:  # the template rejected the conversation
             raise bad_request(f"chat template: {e}", "messages") from None
-        return JSONResponse({"prompt": prompt})

@@ -3,6 +3,7 @@
 #include "engine/mutation.h"
 
 #include "common/errors.h"
+#include "engine/grammar_shape.h"
 
 #include <algorithm>
 #include <cmath>
@@ -169,10 +170,7 @@ TargetSampler::TargetSampler(const SamplingParams & params, const llama_vocab * 
         if (params_.grammar.find('\0') != std::string::npos) {
             throw Error("grammar: the GBNF text holds a NUL character");
         }
-        grammar_ = llama_sampler_init_grammar(vocab, params_.grammar.c_str(), "root");
-        if (grammar_ == nullptr) {
-            throw Error("grammar: llama.cpp could not parse it as GBNF with a 'root' rule (or it is left-recursive)");
-        }
+        grammar_ = init_grammar_sampler(vocab, params_.grammar.c_str());  // bounded, on a big stack
     }
     if (!params_.greedy()) {
         tail_ = llama_sampler_chain_init(llama_sampler_chain_default_params());
