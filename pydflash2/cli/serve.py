@@ -78,6 +78,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         "which httpx/openai clients drop pooled connections, so they never reuse one being closed)")
     p.add_argument("--ssl-keyfile", default=None, help="TLS private key (PEM); with --ssl-certfile: https")
     p.add_argument("--ssl-certfile", default=None, help="TLS certificate chain (PEM)")
+    c = p.add_argument_group("CORS", "which browser pages on other origins may call the server (llama-server's and "
+                                     "vLLM's defaults: any)")
+    c.add_argument("--cors-origins", default="*", metavar="LIST",
+                   help="comma-separated origins allowed (default '*': any; '' turns CORS off)")
+    c.add_argument("--cors-methods", default="*", metavar="LIST", help="allowed methods (default '*')")
+    c.add_argument("--cors-headers", default="*", metavar="LIST", help="allowed request headers (default '*')")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -105,6 +111,11 @@ def run(args: argparse.Namespace, hooks: SchedulerHooks | None = None) -> int:
     for name in ("body_timeout", "keep_alive_timeout"):
         if getattr(args, name) <= 0:
             raise CliError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    from ..server.cors import CorsOptions, split_list
+
+    cors = CorsOptions(split_list(args.cors_origins), split_list(args.cors_methods), split_list(args.cors_headers))
+    if cors.origins and not (cors.methods and cors.headers):
+        raise CliError("--cors-methods and --cors-headers must name at least one item (or '*') when CORS is on")
     setup_devices(args)
     from ..server.app import SamplingDefaults
     from ..server.auth import load_keys
@@ -130,7 +141,7 @@ def run(args: argparse.Namespace, hooks: SchedulerHooks | None = None) -> int:
             timeout=args.timeout or None, queue_timeout=args.queue_timeout or None,
             body_timeout=args.body_timeout, stall_timeout=args.stall_timeout,
             shutdown_timeout=args.shutdown_timeout, keep_alive_timeout=args.keep_alive_timeout,
-            ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, hooks=hooks,
+            ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, hooks=hooks, cors=cors,
         ))
     except (OSError, ValueError, RuntimeError) as e:
         raise CliError(str(e)) from None

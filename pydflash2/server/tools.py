@@ -17,6 +17,7 @@ leaves it.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -125,28 +126,90 @@ def detect_format(template_source: str) -> ToolCallFormat | None:
     return None
 
 
+@dataclass(frozen=True)
+class CallStart:
+    """A streamed call's name is known; its arguments follow as ArgsPart items."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class ArgsPart:
+    """A piece of the open call's arguments, as the model wrote them: the pieces concatenate to its arguments."""
+
+    text: str
+
+
+Item = str | ToolCall | CallStart | ArgsPart
+
+# the head of a Hermes call, name first (as the templates teach it and forced calls' grammars write it):
+# from here on the call is streamed, its arguments piece by piece
+_HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)')
+_JSON = json.JSONDecoder(strict=False)  # grammars let control characters into strings, as llama.cpp's do
+
+
 class ToolCallStream:
     """Splits an answer, piece by piece, into content and tool calls. Content that
     may still turn out to be a call is held back until it is known. push() and
-    finish() return what can be released: str (content) or ToolCall items."""
+    finish() return what can be released: str (content), ToolCall (a whole call),
+    or, for Hermes calls that name the tool first, CallStart then ArgsPart pieces
+    as the arguments are generated (the pieces concatenate to the arguments).
+
+    A call's markup never reaches the content: a call cut off by max_tokens ends
+    with the arguments written so far (or, cut before its name, is dropped), and
+    with parallel_tool_calls off, calls after the first are dropped."""
 
     def __init__(self, fmt: ToolCallFormat, tools: set[str], parallel: bool = True) -> None:
         self.fmt, self.tools, self.parallel = fmt, tools, parallel
         self._buf = ""
         self._n_calls = 0
         self._seen_content = False
+        self._args_sent: int | None = None  # a streamed call is open: its arguments so far are _buf; sent of them
 
-    def push(self, piece: str) -> list[str | ToolCall]:
+    def push(self, piece: str) -> list[Item]:
         self._buf += piece
         return self._drain(final=False)
 
-    def finish(self) -> list[str | ToolCall]:
+    def finish(self) -> list[Item]:
         return self._drain(final=True)
 
-    def _drain(self, final: bool) -> list[str | ToolCall]:
-        out: list[str | ToolCall] = []
+    def _arguments(self, final: bool) -> tuple[str, bool]:
+        """The open call's next arguments piece, and whether the call has ended (_buf then holds what follows)."""
+        region, sent = self._buf, self._args_sent or 0
+        marker = "</tool_call>"
+        try:
+            _, end = _JSON.raw_decode(region)
+        except ValueError:  # incomplete (every character so far is the value's) or broken
+            at = region.find(marker)
+            if at >= 0:  # broken: the call ends at its closing tag, arguments as written
+                self._buf = region[at + len(marker):]
+                return region[sent:at], True
+            if final:  # cut off: the arguments written so far
+                self._buf = ""
+                return region[sent:], True
+            keep = _partial_suffix(region, marker)
+            self._args_sent = max(sent, len(region) - keep)
+            return region[sent:self._args_sent], False
+        at = region.find(marker, end)
+        if at >= 0 or final:  # what follows the value up to the closing tag ("}\n") is markup
+            self._buf = region[at + len(marker):] if at >= 0 else ""
+            return region[sent:end], True
+        self._args_sent = end
+        return region[sent:end], False
+
+    def _drain(self, final: bool) -> list[Item]:
+        out: list[Item] = []
         fmt = self.fmt
-        while self._buf:
+        while self._buf or (final and self._args_sent is not None):
+            if self._args_sent is not None:  # a streamed call's arguments
+                piece, done = self._arguments(final)
+                if piece:
+                    out.append(ArgsPart(piece))
+                if not done:
+                    break
+                self._args_sent = None
+                self._n_calls += 1
+                continue
             if not fmt.start:  # llama3: the whole answer is a call, or none of it is
                 head = self._buf.lstrip()
                 if self._seen_content or not (head.startswith("{") or head.startswith("<|python_tag|>")
@@ -167,7 +230,9 @@ class ToolCallStream:
                     break
                 if rest.startswith(fmt.start):
                     self._buf = rest
-                elif fmt.start.startswith(rest) and not final:
+                elif fmt.start.startswith(rest):  # the next call's opening tag, perhaps cut off
+                    if final:
+                        self._buf = ""
                     break
             at = self._buf.find(fmt.start)
             if at < 0:
@@ -179,11 +244,24 @@ class ToolCallStream:
             if at > 0:
                 out.append(self._buf[:at])
                 self._buf = self._buf[at:]
+            wanted = self.parallel or self._n_calls == 0
+            if fmt is HERMES and wanted:
+                head = _HERMES_HEAD.match(self._buf, len(fmt.start))
+                if head and _json_string(head.group(1)) in self.tools:
+                    out.append(CallStart(_json_string(head.group(1))))
+                    self._buf = self._buf[head.end():]
+                    self._args_sent = 0
+                    continue
             end = fmt.section_end(self._buf)
             if end is None and not final:
                 break
             section = self._buf if end is None else self._buf[:end]
-            calls = fmt.parse_section(section, self.tools) if self.parallel or self._n_calls == 0 else None
+            if (end is None and fmt is HERMES) or not wanted:
+                # cut off before the call's name was known, or a call after the first with parallel_tool_calls
+                # off: markup, dropped (never content)
+                self._buf = self._buf[len(section):].lstrip() if end is not None else ""
+                continue
+            calls = fmt.parse_section(section, self.tools)
             if calls:
                 calls = calls if self.parallel else calls[:1]
                 self._n_calls += len(calls)
@@ -196,6 +274,14 @@ class ToolCallStream:
         return _merge_text(out)
 
 
+def _json_string(body: str) -> str:
+    """A JSON string's body (between its quotes) as text."""
+    try:
+        return str(json.loads(f'"{body}"'))
+    except ValueError:
+        return body
+
+
 def _partial_suffix(text: str, marker: str) -> int:
     """Length of the longest end of text that begins marker."""
     for n in range(min(len(text), len(marker) - 1), 0, -1):
@@ -204,8 +290,8 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def _merge_text(items: list[str | ToolCall]) -> list[str | ToolCall]:
-    out: list[str | ToolCall] = []
+def _merge_text(items: list[Item]) -> list[Item]:
+    out: list[Item] = []
     for x in items:
         if isinstance(x, str):
             if not x:
@@ -222,5 +308,18 @@ def split_answer(fmt: ToolCallFormat, tools: set[str], text: str, parallel: bool
     s = ToolCallStream(fmt, tools, parallel)
     items = s.push(text) + s.finish()
     content = "".join(x for x in items if isinstance(x, str))
-    calls = [x for x in items if isinstance(x, ToolCall)]
+    calls = assemble(items)
     return (content.strip() if calls else content), calls
+
+
+def assemble(items: list[Item]) -> list[ToolCall]:
+    """The calls in a stream's items, streamed ones put together."""
+    calls: list[ToolCall] = []
+    for x in items:
+        if isinstance(x, ToolCall):
+            calls.append(x)
+        elif isinstance(x, CallStart):
+            calls.append(ToolCall(x.name, ""))
+        elif isinstance(x, ArgsPart):
+            calls[-1] = ToolCall(calls[-1].name, calls[-1].arguments + x.text)
+    return calls
