@@ -276,3 +276,58 @@ def test_the_issue_answers_split_cleanly() -> None:
         assert tools.assemble(items) == [calls[0], calls[0]]
         assert sum(isinstance(x, tools.ArgsPart) for x in items) > 2
         assert not any(isinstance(x, str) for x in items)
+
+
+# ---------------------------------------------------------------- tools on a template without a tool format
+
+
+@pytest.fixture(scope="module")
+def plain_server(workdir: Path):
+    """A target whose chat template knows nothing of tools (as SmolLM2's, the default model's)."""
+    target = testing.make_target_gguf(workdir / "plain-target.gguf",
+                                      testing.TargetSpec(hot_tokens=(testing.FIRST_MERGED_ID,)))
+    s = ServerProcess(["--model", str(target), "--draft", "none", "--n-ctx", "2048"], workdir)
+    yield s
+    s.stop()
+
+
+def test_generic_format_prompt_and_history(plain_server: ServerProcess) -> None:
+    # the tools and the answer's form in the system turn; earlier calls and results as JSON
+    call = {"id": "call_1", "type": "function", "function": {"name": "w", "arguments": '{"u": "C"}'}}
+    history = USER + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                      {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 18}'}]
+    prompt = post(plain_server, "/apply-template", {"messages": history, "tools": [SHORT]}).json()["prompt"]
+    assert prompt.startswith("<|im_start|>system\nYou can call any of the following tools")
+    assert tools.GENERIC_INSTRUCTION in prompt and '"name": "w"' in prompt
+    assert '"tool_calls": [' in prompt and '"tool_response": {' in prompt and '\\"temperature\\": 18' in prompt
+    # without tools, tool_choice "none": the template as it is
+    plain = post(plain_server, "/apply-template", {"messages": USER, "tools": [SHORT], "tool_choice": "none"})
+    assert "You can call" not in plain.json()["prompt"]
+
+
+@needs_grammar
+def test_generic_format_calls_and_responses(plain_server: ServerProcess) -> None:
+    schema = SHORT["function"]["parameters"]
+    body = {"messages": USER, "tools": [SHORT], "max_tokens": 120, "temperature": 0}
+    forced = post(plain_server, "/v1/chat/completions", {**body, "tool_choice": "required"}).json()["choices"][0]
+    assert forced["finish_reason"] == "tool_calls", forced
+    assert forced["message"]["content"] is None
+    calls = forced["message"]["tool_calls"]
+    assert calls and all(c["function"]["name"] == "w" for c in calls)
+    for c in calls:
+        assert json.loads(c["function"]["arguments"])["u"] in schema["properties"]["u"]["enum"]
+    streamed, _, content = _stream_calls(sse(plain_server, "/v1/chat/completions", {**body, "tool_choice": "required"}))
+    assert content == "" and [c["arguments"] for c in streamed.values()] == [c["function"]["arguments"] for c in calls]
+    named = post(plain_server, "/v1/chat/completions", {**body, "tool_choice": {"type": "function",
+                                                                             "function": {"name": "w"}}}).json()
+    assert len(named["choices"][0]["message"]["tool_calls"]) == 1
+    # auto: a call or a response, never the JSON around either
+    for extra in ({"temperature": 0}, {"temperature": 1.0, "seed": 1}):  # a response, a call (on this target)
+        r = post(plain_server, "/v1/chat/completions", {**body, "max_tokens": 60, **extra}).json()["choices"][0]
+        msg = r["message"]
+        assert msg.get("tool_calls") or r["finish_reason"] in ("stop", "length"), r
+        assert not (msg["content"] or "").lstrip().startswith('{"'), r
+    # the follow-up turn with the tool's result
+    follow = USER + [forced["message"], {"role": "tool", "tool_call_id": calls[0]["id"], "content": "18 C"}]
+    r2 = post(plain_server, "/v1/chat/completions", {**body, "messages": follow, "max_tokens": 4})
+    assert r2.status_code == 200, r2.text

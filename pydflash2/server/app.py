@@ -273,7 +273,8 @@ async def _read_body(request: Request, model: type[Body], config: ServerConfig) 
 def _chat_tokens(tokenizer: Tokenizer, body: schemas.ChatCompletionRequest) -> list[int]:
     """The conversation (tools included) through the chat template."""
     try:
-        return tokenizer.chat(body.template_messages(), **body.template_variables())
+        messages, variables = steering.template_input(body, tokenizer.template)
+        return tokenizer.chat(messages, **variables)
     except Exception as e:  # the template rejected the conversation (e.g. roles out of order)
         raise ApiError(400, f"chat template: {e}", param="messages") from None
 

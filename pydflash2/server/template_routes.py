@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
-from . import schemas
+from . import schemas, steering
 
 
 class TokenizeRequest(BaseModel):
@@ -78,7 +78,8 @@ def add_template_routes(app: FastAPI, dependencies: list[Any], tokenizer: Any, *
     async def apply_template(request: Request) -> JSONResponse:
         body: schemas.ChatCompletionRequest = await read_body(request, schemas.ChatCompletionRequest)
         try:
-            prompt, _ = tokenizer.render(body.template_messages(), **body.template_variables())
+            messages, variables = steering.template_input(body, tokenizer.template)
+            prompt, _ = tokenizer.render(messages, **variables)
         except Exception as e:  # the template rejected the conversation
             raise bad_request(f"chat template: {e}", "messages") from None
         return JSONResponse({"prompt": prompt})

@@ -10,6 +10,11 @@ Formats (llama.cpp's names in brackets):
   after `<|python_tag|>` (Llama 3.1-3.3) [Llama 3.x];
 - mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (Mistral
   Nemo, Small 3.0/3.1) [Mistral Nemo].
+- generic: for templates without a tool format of their own (llama.cpp's
+  generic format): the tools are described in the system turn and the whole
+  answer is constrained by grammar to JSON, `{"tool_calls": [{"name": ...,
+  "arguments": {...}}, ...]}` (`{"tool_call": {...}}` without parallel calls)
+  or `{"response": "..."}`, the reply to the user.
 Text that does not parse as a call of a known tool stays content, as llama.cpp
 leaves it.
 """
@@ -109,6 +114,7 @@ class ToolCallFormat:
 
 
 HERMES = ToolCallFormat("hermes", "<tool_call>", "arguments")
+GENERIC = ToolCallFormat("generic", "", "arguments")
 LLAMA3 = ToolCallFormat("llama3", "", "parameters")
 MISTRAL = ToolCallFormat("mistral", "[TOOL_CALLS]", "arguments")
 
@@ -146,6 +152,122 @@ Item = str | ToolCall | CallStart | ArgsPart
 # from here on the call is streamed, its arguments piece by piece
 _HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)')
 _JSON = json.JSONDecoder(strict=False)  # grammars let control characters into strings, as llama.cpp's do
+
+
+# ---------------------------------------------------------------- the generic format
+
+GENERIC_INSTRUCTION = ("Respond in JSON format, either with `tool_call` (a request to call tools) or with `response` "
+                       "reply to the user's request")
+
+
+def _call_schema(t: dict[str, Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object",
+                              "properties": {"name": {"const": t["name"]},
+                                             "arguments": t.get("parameters") or {"type": "object"}},
+                              "required": ["name", "arguments"]}
+    if t.get("description"):
+        schema["description"] = t["description"]
+    return schema
+
+
+def generic_schema(tools: list[dict[str, Any]], parallel: bool, required: bool) -> dict[str, Any]:
+    """The JSON schema of an answer in the generic format (llama.cpp's): calls of these tools, or
+    (unless a call is required) a response to the user."""
+    calls = [_call_schema(t) for t in tools]
+    call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    if parallel:
+        answer = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 1}},
+                  "required": ["tool_calls"]}
+    else:
+        answer = {"type": "object", "properties": {"tool_call": call}, "required": ["tool_call"]}
+    if required:
+        return answer
+    return {"anyOf": [answer, {"type": "object", "properties": {"response": {"type": "string"}},
+                               "required": ["response"]}]}
+
+
+def generic_grammar(tools: list[dict[str, Any]], parallel: bool, required: bool) -> str:
+    """GBNF of generic_schema (llama-cpp-python's converter). ValueError for parameters it cannot express."""
+    for t in tools:
+        grammars.check_schema(t.get("parameters"), f"/{t['name']}")
+    conv = SchemaConverter(prop_order={"tool_calls": 0, "tool_call": 0, "response": 0, "name": 1, "arguments": 2},
+                           allow_fetch=False, dotall=False, raw_pattern=False)
+    conv.visit(conv.resolve_refs(generic_schema(tools, parallel, required), "tools"), "")
+    return conv.format_grammar()
+
+
+def generic_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A conversation for a template that knows nothing of tools, as llama.cpp's generic format
+    (and minja's polyfills) shape it: the tools and the answer's form described in the system turn,
+    earlier calls as the JSON the model wrote, tool results as JSON in a user turn."""
+    described = ("You can call any of the following tools to satisfy the user's requests: "
+                 + json.dumps(tools, ensure_ascii=False, indent=2) + "\n\n" + GENERIC_INSTRUCTION)
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            calls = [{"name": c["function"]["name"], "arguments": _as_object(c["function"].get("arguments")),
+                      **({"id": c["id"]} if c.get("id") else {})} for c in m.pop("tool_calls")]
+            m["content"] = json.dumps({"tool_calls": calls}, ensure_ascii=False, indent=2)
+        elif m["role"] == "tool":
+            response = {"tool": m.pop("name", None) or "", "content": m.get("content", "")}
+            if m.get("tool_call_id"):
+                response["tool_call_id"] = m.pop("tool_call_id")
+            m = {"role": "user", "content": json.dumps({"tool_response": response}, ensure_ascii=False, indent=2)}
+        out.append(m)
+    if out and out[0]["role"] == "system":
+        out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{described}"}
+    else:
+        out.insert(0, {"role": "system", "content": described})
+    return out
+
+
+_RESPONSE_HEAD = re.compile(r'\s*\{\s*"response"\s*:\s*"')
+
+
+def _cut_response(text: str) -> str:
+    """The text of a generic answer's response cut off by max_tokens; "" for anything else."""
+    head = _RESPONSE_HEAD.match(text)
+    if not head:
+        return ""
+    body = text[head.end():]
+    for cut in range(len(body), max(-1, len(body) - 7), -1):  # drop a half-written escape (\u12...)
+        try:
+            return str(json.loads(f'"{body[:cut]}"', strict=False))
+        except ValueError:
+            continue
+    return ""
+
+
+def _as_object(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
+
+
+def parse_generic(text: str, tools: set[str], parallel: bool) -> tuple[str, list[ToolCall]] | None:
+    """A generic-format answer's (content, calls); None when it is not one (the text is then content)."""
+    try:
+        answer = json.loads(text, strict=False)
+    except ValueError:
+        return None
+    if not isinstance(answer, dict):
+        return None
+    if isinstance(answer.get("response"), str):
+        return answer["response"], []
+    items = answer.get("tool_calls") if "tool_calls" in answer else [answer.get("tool_call")]
+    if not isinstance(items, list) or not items:
+        return None
+    calls = []
+    for item in items:
+        if not isinstance(item, dict) or item.get("name") not in tools:
+            return None
+        args = item.get("arguments", {})
+        calls.append(ToolCall(item["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)))
+    return "", calls if parallel else calls[:1]
 
 
 class ToolCallStream:
@@ -210,6 +332,15 @@ class ToolCallStream:
                 self._args_sent = None
                 self._n_calls += 1
                 continue
+            if fmt is GENERIC:  # the whole answer is one JSON object: read at the end
+                if final:
+                    parsed = parse_generic(self._buf, self.tools, self.parallel)
+                    if parsed is None:  # cut off (max_tokens): the response so far; a call's markup is dropped
+                        out.append(_cut_response(self._buf) if self._buf.lstrip().startswith("{") else self._buf)
+                    else:
+                        out.extend([parsed[0], *parsed[1]])
+                    self._buf = ""
+                break
             if not fmt.start:  # llama3: the whole answer is a call, or none of it is
                 head = self._buf.lstrip()
                 if self._seen_content or not (head.startswith("{") or head.startswith("<|python_tag|>")
