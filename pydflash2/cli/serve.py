@@ -96,6 +96,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                          help=f"{what} (default {default}" + (f", at most {cap})" if cap else ")"))
     p.add_argument("--ssl-keyfile", default=None, help="TLS private key (PEM); with --ssl-certfile: https")
     p.add_argument("--ssl-certfile", default=None, help="TLS certificate chain (PEM)")
+    c = p.add_argument_group("CORS", "which browser pages on other origins may call the server (llama-server's and "
+                                     "vLLM's defaults: any)")
+    c.add_argument("--cors-origins", default="*", metavar="LIST",
+                   help="comma-separated origins allowed (default '*': any; '' turns CORS off)")
+    c.add_argument("--cors-methods", default="*", metavar="LIST", help="allowed methods (default '*')")
+    c.add_argument("--cors-headers", default="*", metavar="LIST", help="allowed request headers (default '*')")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -126,6 +132,11 @@ def run(args: argparse.Namespace, hooks: SchedulerHooks | None = None) -> int:
         limits = GrammarLimits(**{f.name: getattr(args, f"max_{f.name}") for f in fields(GrammarLimits)})
     except ValueError as e:
         raise CliError(str(e)) from None
+    from ..server.cors import CorsOptions, split_list
+
+    cors = CorsOptions(split_list(args.cors_origins), split_list(args.cors_methods), split_list(args.cors_headers))
+    if cors.origins and not (cors.methods and cors.headers):
+        raise CliError("--cors-methods and --cors-headers must name at least one item (or '*') when CORS is on")
     setup_devices(args)
     from ..server.app import SamplingDefaults
     from ..server.auth import load_keys
@@ -153,6 +164,7 @@ def run(args: argparse.Namespace, hooks: SchedulerHooks | None = None) -> int:
             body_timeout=args.body_timeout, stall_timeout=args.stall_timeout,
             shutdown_timeout=args.shutdown_timeout, keep_alive_timeout=args.keep_alive_timeout,
             ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, grammar_limits=limits, hooks=hooks,
+            cors=cors,
         ))
     except (OSError, ValueError, RuntimeError) as e:
         raise CliError(str(e)) from None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import logprobs as logprob_shapes
@@ -39,6 +39,8 @@ class Answer:
     body: schemas.CompletionRequest | schemas.ChatCompletionRequest
     steer: Steering
     piece: Callable[[int], bytes]  # a token's text (logprobs)
+    fingerprint: str | None = None  # system_fingerprint
+    created: int = field(default_factory=schemas.now)  # one value for the answer and all its chunks, as OpenAI
 
     @property
     def include_usage(self) -> bool:
@@ -48,13 +50,18 @@ class Answer:
         # as llama-server: a finished answer with calls ends for them; one cut by max_tokens stays "length"
         return "tool_calls" if calls and done.finish_reason == "stop" else done.finish_reason
 
-    def _usage(self, done: Finished) -> dict[str, int]:
-        return schemas.usage(done.prompt_tokens, done.completion_tokens)
+    def _usage(self, done: Finished) -> dict[str, Any]:
+        return schemas.usage(done.prompt_tokens, done.completion_tokens, int(done.timings.get("cache_n", 0)))
+
+    def _completion(self, text: str, finish: str | None, use: dict[str, Any] | None,
+                    chunk: bool = False) -> dict[str, Any]:
+        return schemas.completion(self.rid, self.model, text, finish, use, chunk=chunk, created=self.created,
+                                  fingerprint=self.fingerprint)
 
     # ------------------------------------------------------------ whole answers
 
     def completion(self, done: Finished) -> dict[str, Any]:
-        out = schemas.completion(self.rid, self.model, done.text, done.finish_reason, self._usage(done))
+        out = self._completion(done.text, done.finish_reason, self._usage(done))
         if done.logprobs is not None and self.steer.logprobs is not None:
             out["choices"][0]["logprobs"] = logprob_shapes.completion(done.logprobs, self.steer.logprobs, self.piece)
         return self._extras(out, done)
@@ -64,7 +71,7 @@ class Answer:
         content, calls = (tools.split_answer(plan.fmt, set(plan.names), done.text, plan.parallel) if plan
                           else (done.text, []))
         out = schemas.chat_completion(self.rid, self.model, content, self._finish_reason(done, calls),
-                                      self._usage(done))
+                                      self._usage(done), created=self.created, fingerprint=self.fingerprint)
         if calls:
             message = out["choices"][0]["message"]
             message["tool_calls"] = [c.openai(tools.new_call_id()) for c in calls]
@@ -105,21 +112,20 @@ class Answer:
                     for c in error_events(event):
                         yield c
                     return
-                last = self._no_usage(schemas.completion(self.rid, self.model, "", event.finish_reason, None,
-                                                         chunk=True))
+                last = self._no_usage(self._completion("", event.finish_reason, None, chunk=True))
                 for c in self._closing(last, event):
                     yield c
                 return
             if isinstance(event, Logprobs):
                 if self.steer.logprobs is None:
                     continue
-                chunk = schemas.completion(self.rid, self.model, "", None, None, chunk=True)
+                chunk = self._completion("", None, None, chunk=True)
                 lp = logprob_shapes.completion(event.entries, self.steer.logprobs, self.piece, offset)
                 offset += sum(len(t) for t in lp["tokens"])
                 chunk["choices"][0]["logprobs"] = lp
                 yield sse(self._no_usage(chunk))
             else:
-                yield sse(self._no_usage(schemas.completion(self.rid, self.model, event, None, None, chunk=True)))
+                yield sse(self._no_usage(self._completion(event, None, None, chunk=True)))
 
     async def stream_chat(self, events: AsyncIterator[Event]) -> AsyncIterator[dict[str, str]]:
         plan = self.steer.tool_plan
@@ -127,19 +133,26 @@ class Answer:
         n_calls = 0
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-            return self._no_usage(schemas.chat_chunk(self.rid, self.model, delta, finish))
+            return self._no_usage(schemas.chat_chunk(self.rid, self.model, delta, finish, created=self.created,
+                                                     fingerprint=self.fingerprint))
 
-        def deltas(items: list[str | tools.ToolCall]) -> list[dict[str, Any]]:
+        def deltas(items: list[tools.Item]) -> list[dict[str, Any]]:
+            # a call: its id and name, then its arguments (OpenAI streams them apart), piece by piece
+            # where the model's format lets them be read as they come
             nonlocal n_calls
             out = []
             for x in items:
                 if isinstance(x, str):
                     out.append(chunk({"content": x}))
-                else:  # a call: its id and name, then its arguments (OpenAI streams them apart)
+                elif isinstance(x, tools.ArgsPart):
+                    out.append(chunk({"tool_calls": [{"index": n_calls - 1, "function": {"arguments": x.text}}]}))
+                else:
                     out.append(chunk({"tool_calls": [{"index": n_calls, "id": tools.new_call_id(), "type": "function",
                                                       "function": {"name": x.name, "arguments": ""}}]}))
-                    out.append(chunk({"tool_calls": [{"index": n_calls, "function": {"arguments": x.arguments}}]}))
                     n_calls += 1
+                    if isinstance(x, tools.ToolCall):
+                        out.append(chunk({"tool_calls": [{"index": n_calls - 1,
+                                                          "function": {"arguments": x.arguments}}]}))
             return out
 
         yield sse(chunk({"role": "assistant", "content": ""}))

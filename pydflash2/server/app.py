@@ -141,7 +141,8 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
         return JSONResponse(schemas.error_body(f"method {request.method} not allowed on {request.url.path}"),
                             status_code=405)
 
-    @app.get("/health")
+    # HEAD too (load balancers and uptime checkers send it); the status says it all
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> JSONResponse:
         code, body = health_status(scheduler, config.stall_timeout_s)
         return JSONResponse(body, status_code=code)
@@ -154,14 +155,33 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
     async def metrics_endpoint() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    def model_card() -> dict[str, Any]:
+        return {"id": config.model_id, "object": "model", "created": schemas.now(), "owned_by": "pydflash2",
+                "meta": {"n_ctx": config.n_ctx, "n_slots": scheduler.engine.n_slots}}
+
+    # every OpenAI route also without the /v1 prefix: a base_url without it is common (llama-server serves both)
     @app.get("/v1/models", dependencies=protected)
+    @app.get("/models", dependencies=protected)
     async def models() -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [
-            {"id": config.model_id, "object": "model", "created": schemas.now(), "owned_by": "pydflash2",
-             "meta": {"n_ctx": config.n_ctx, "n_slots": scheduler.engine.n_slots}}]})
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    @app.get("/v1/models/{model_id:path}", dependencies=protected)
+    @app.get("/models/{model_id:path}", dependencies=protected)
+    async def model(model_id: str) -> JSONResponse:  # the SDK's models.retrieve
+        if model_id != config.model_id:
+            raise ApiError(404, f"model '{model_id}' not found: this server serves '{config.model_id}' (requests "
+                                f"may still name any model)", param="model", code="model_not_found")
+        return JSONResponse(model_card())
+
+    @app.post("/v1/embeddings", dependencies=protected)
+    @app.post("/embeddings", dependencies=protected)
+    async def embeddings() -> JSONResponse:
+        raise ApiError(501, "embeddings: not supported by this server", code="not_supported",
+                       type_="not_supported_error")
 
     features = steering.engine_features(scheduler.engine)
     cpu_work = anyio.CapacityLimiter(config.cpu_workers)
+    fingerprint = schemas.system_fingerprint()
 
     async def offload(fn: Callable[..., T], *args: Any) -> T:
         """fn(*args) on a worker thread, at most config.cpu_workers at once: never on the event loop."""
@@ -177,6 +197,7 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
             raise ApiError(400, str(e), param=e.param) from None
 
     @app.post("/v1/completions", dependencies=protected)
+    @app.post("/completions", dependencies=protected)
     async def completions(request: Request) -> Response:
         body = await _read_body(request, schemas.CompletionRequest, config)
         for name, given in (("echo", body.echo), ("suffix", body.suffix is not None),
@@ -196,18 +217,19 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
                                param="prompt")
         st = await offload(steer, body)  # schema conversion and llama.cpp's grammar check take a while
         req = _submit(scheduler, request, body, tokens, config, COMPLETION_DEFAULT_MAX_TOKENS, st)
-        answer = Answer(schemas.new_id("cmpl"), config.model_id, body, st, tokenizer.piece)
+        answer = Answer(schemas.new_id("cmpl"), config.model_id, body, st, tokenizer.piece, fingerprint)
         if body.stream:
             return EventSourceResponse(answer.stream_completion(_events(scheduler, req)))
         return JSONResponse(answer.completion(await _wait(scheduler, request, req)))
 
     @app.post("/v1/chat/completions", dependencies=protected)
+    @app.post("/chat/completions", dependencies=protected)
     async def chat_completions(request: Request) -> Response:
         body = await _read_body(request, schemas.ChatCompletionRequest, config)
         st = await offload(steer, body)
         tokens = await offload(_chat_tokens, tokenizer, body)
         req = _submit(scheduler, request, body, tokens, config, None, st)
-        answer = Answer(schemas.new_id("chatcmpl"), config.model_id, body, st, tokenizer.piece)
+        answer = Answer(schemas.new_id("chatcmpl"), config.model_id, body, st, tokenizer.piece, fingerprint)
         if body.stream:
             return EventSourceResponse(answer.stream_chat(_events(scheduler, req)))
         return JSONResponse(answer.chat(await _wait(scheduler, request, req)))
@@ -223,6 +245,9 @@ async def _read_body(request: Request, model: type[Body], config: ServerConfig) 
     ctype = request.headers.get("content-type", "")
     if ctype.split(";")[0].strip().lower() != "application/json":
         raise ApiError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise ApiError(415, f"Content-Encoding {encoding!r} is not supported: send the body uncompressed")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
@@ -261,7 +286,8 @@ async def _read_body(request: Request, model: type[Body], config: ServerConfig) 
 def _chat_tokens(tokenizer: Tokenizer, body: schemas.ChatCompletionRequest) -> list[int]:
     """The conversation (tools included) through the chat template."""
     try:
-        return tokenizer.chat(body.template_messages(), **body.template_variables())
+        messages, variables = steering.template_input(body, tokenizer.template)
+        return tokenizer.chat(messages, **variables)
     except Exception as e:  # the template rejected the conversation (e.g. roles out of order)
         raise ApiError(400, f"chat template: {e}", param="messages") from None
 

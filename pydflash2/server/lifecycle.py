@@ -83,7 +83,7 @@ class Lifecycle:
 
     async def _unavailable(self, scope: Scope, send: Send) -> None:
         status = self.phase.value
-        if scope["path"] == "/health" and scope["method"] == "GET":
+        if scope["path"] == "/health" and scope["method"] in ("GET", "HEAD"):
             body: dict[str, Any] = {"status": status}
         else:
             what = "the model is loading" if self.phase is Phase.LOADING else "the server is shutting down"

@@ -20,6 +20,7 @@ from ..models import resolve_target
 from .access_log import AccessLog
 from .app import SamplingDefaults, ServerConfig, Tokenizer, create_app
 from .auth import bind_warning
+from .cors import CorsOptions, with_cors
 from .engine import BatchEngine
 from .lifecycle import DrainingServer, Lifecycle, Loaded
 from .metrics import ServerMetrics
@@ -63,6 +64,7 @@ class ServerOptions:
     grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)
     # the step loop's fault points, for tests only (pydflash2_testing.fault_server); no CLI option sets it
     hooks: SchedulerHooks | None = None
+    cors: CorsOptions = field(default_factory=CorsOptions)
 
 
 def token_piece(vocab: Any, token: int) -> bytes:
@@ -136,7 +138,9 @@ def serve(opts: ServerOptions) -> int:
     if warning:
         log.warning(warning)
     lifecycle = Lifecycle(lambda: load(opts), shutdown_timeout_s=opts.shutdown_timeout)
-    config = uvicorn.Config(AccessLog(lifecycle), host=opts.host, port=opts.port, log_level=opts.log_level,
+    # the access log outermost (every answer gets its request id), then CORS (every answer, 503s included)
+    app = AccessLog(with_cors(lifecycle, opts.cors))
+    config = uvicorn.Config(app, host=opts.host, port=opts.port, log_level=opts.log_level,
                             access_log=False, timeout_graceful_shutdown=5,
                             timeout_keep_alive=opts.keep_alive_timeout, ssl_keyfile=opts.ssl_keyfile,
                             ssl_certfile=opts.ssl_certfile, lifespan="on")

@@ -10,6 +10,7 @@ import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from ..sampling import check_param
 from .validation import Int32
@@ -191,6 +192,10 @@ class ContentPart(BaseModel):
     text: str
 
 
+# llama.cpp joins the text parts of a content array with a newline (common/chat.cpp)
+PART_SEPARATOR = "\n"
+
+
 class ToolCallMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -212,10 +217,23 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None  # a tool's answer: to which call
     name: str | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_only(cls, v: Any) -> Any:
+        """Only text parts reach the model: any other kind (image_url, input_audio, file...) is a 400
+        saying so, rather than a type error."""
+        if isinstance(v, list):
+            for i, part in enumerate(v):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind != "text":
+                    raise PydanticCustomError("text_only", "part {i}: '{kind}' parts are not supported: this model "
+                                                           "takes text only", {"i": i, "kind": kind})
+        return v
+
     def as_template_dict(self) -> dict[str, Any]:
         content = self.content
         if isinstance(content, list):
-            content = "".join(p.text for p in content)
+            content = PART_SEPARATOR.join(p.text for p in content)
         out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
         if self.tool_calls:
             out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
@@ -256,15 +274,31 @@ def now() -> int:
     return int(time.time())
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def system_fingerprint() -> str:
+    """What answers carry as `system_fingerprint` (llama-server sends its build): this package's
+    version and the llama-cpp-python build (so llama.cpp's) it runs on."""
+    import llama_cpp
+
+    from .. import __version__
+
+    return f"pydflash2-{__version__}-llama-cpp-python-{llama_cpp.__version__}"
 
 
-def completion(rid: str, model: str, text: str, finish: str | None, use: dict[str, int] | None,
-               chunk: bool = False) -> dict[str, Any]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage; cached_tokens: prompt tokens the slot already held (not prefilled again),
+    OpenAI's prompt_tokens_details.cached_tokens."""
+    out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                           "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
+
+
+def completion(rid: str, model: str, text: str, finish: str | None, use: dict[str, Any] | None,
+               chunk: bool = False, created: int | None = None, fingerprint: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "id": rid, "object": "text_completion", "created": now(), "model": model,
+        "id": rid, "object": "text_completion", "created": now() if created is None else created, "model": model,
+        "system_fingerprint": fingerprint,
         "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
     }
     if use is not None or not chunk:
@@ -272,19 +306,23 @@ def completion(rid: str, model: str, text: str, finish: str | None, use: dict[st
     return out
 
 
-def chat_completion(rid: str, model: str, text: str, finish: str, use: dict[str, int]) -> dict[str, Any]:
+def chat_completion(rid: str, model: str, text: str, finish: str, use: dict[str, Any],
+                    created: int | None = None, fingerprint: str | None = None) -> dict[str, Any]:
     return {
-        "id": rid, "object": "chat.completion", "created": now(), "model": model,
+        "id": rid, "object": "chat.completion", "created": now() if created is None else created, "model": model,
+        "system_fingerprint": fingerprint,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                      "finish_reason": finish}],
         "usage": use,
     }
 
 
-def chat_chunk(rid: str, model: str, delta: dict[str, str], finish: str | None,
-               use: dict[str, int] | None = None) -> dict[str, Any]:
+def chat_chunk(rid: str, model: str, delta: dict[str, Any], finish: str | None,
+               use: dict[str, Any] | None = None, created: int | None = None,
+               fingerprint: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "id": rid, "object": "chat.completion.chunk", "created": now(), "model": model,
+        "id": rid, "object": "chat.completion.chunk", "created": now() if created is None else created,
+        "model": model, "system_fingerprint": fingerprint,
         "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
     }
     if use is not None:

@@ -86,9 +86,12 @@ def build(body: CompletionRequest | ChatCompletionRequest, *, features: frozense
     if isinstance(body, ChatCompletionRequest):
         plan, tool_grammar = _tools(body, template)
         if tool_grammar is not None:
+            param = "tools" if plan is not None and plan.fmt is tools.GENERIC else "tool_choice"
             if grammar_param:
-                raise FieldError("tool_choice", f"a forced tool call cannot be combined with '{grammar_param}'")
-            opts["grammar"], grammar_param = tool_grammar, "tool_choice"
+                what = ("tools on a template without a tool format (answered through the generic format's grammar)"
+                        if param == "tools" else "a forced tool call")
+                raise FieldError(param, f"{what} cannot be combined with '{grammar_param}'")
+            opts["grammar"], grammar_param = tool_grammar, param
     if grammar_param:
         _require(features, "grammar", grammar_param)
         try:
@@ -136,13 +139,30 @@ def _logprobs(body: CompletionRequest | ChatCompletionRequest) -> int | None:
     return body.logprobs
 
 
-def _tools(body: ChatCompletionRequest, template: Any) -> tuple[ToolPlan | None, str | None]:
-    """The parse plan and the grammar (forced call) for a chat request's tools."""
-    choice = body.tool_choice
-    has_history = any(m.tool_calls for m in body.messages)
+def uses_generic_format(body: ChatCompletionRequest, template: Any) -> bool:
+    """Whether a chat request's tools go through the generic format: tools offered (and not
+    tool_choice "none") to a template without a call format of its own."""
+    if not body.tools or body.tool_choice == "none":
+        return False
     caps = template.caps if template is not None else None
-    if has_history and (caps is None or not caps.tool_calls):
-        raise FieldError("messages", "the model's chat template does not render assistant tool_calls")
+    return caps is None or not caps.tools or tools.detect_format(template.source) is None
+
+
+def template_input(body: ChatCompletionRequest, template: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The messages and variables a chat request renders the template with: as given, or (a template
+    that does not render tools or tool calls) shaped as llama.cpp's generic format shapes them."""
+    caps = template.caps if template is not None else None
+    messages = body.template_messages()
+    generic = uses_generic_format(body, template)
+    if generic or (caps is not None and not caps.tool_calls and any(m.get("tool_calls") for m in messages)):
+        defs = [t.function.model_dump(exclude_none=True) for t in body.tools or []]
+        return tools.generic_messages(messages, defs), {}
+    return messages, body.template_variables()
+
+
+def _tools(body: ChatCompletionRequest, template: Any) -> tuple[ToolPlan | None, str | None]:
+    """The parse plan and the grammar (forced call, or the generic format's answer) for a chat request's tools."""
+    choice = body.tool_choice
     if not body.tools:
         if choice not in (None, "none", "auto"):
             raise FieldError("tool_choice", "needs 'tools'")
@@ -150,23 +170,23 @@ def _tools(body: ChatCompletionRequest, template: Any) -> tuple[ToolPlan | None,
     names = [t.function.name for t in body.tools]
     if len(set(names)) != len(names):
         raise FieldError("tools", "two tools have the same name")
-    fmt = tools.detect_format(template.source) if template is not None else None
     if choice == "none":
         return None, None  # the template still sees the tools; no call is read
-    if caps is None or not caps.tools or fmt is None:
-        raise FieldError("tools", "the model's chat template does not describe tools in a call format this server "
-                                  "parses (Hermes/Qwen <tool_call>, Llama 3.x JSON, Mistral [TOOL_CALLS])")
+    generic = uses_generic_format(body, template)
+    fmt = tools.GENERIC if generic else tools.detect_format(template.source)
+    assert fmt is not None
     defs = [t.function.model_dump() for t in body.tools]
     plan = ToolPlan(fmt, frozenset(names), body.parallel_tool_calls)
-    if choice in (None, "auto"):
-        return plan, None  # unconstrained: the parameters' schemas only reach the template
-    if choice != "required":
+    if choice not in (None, "auto", "required"):
         defs = [d for d in defs if d["name"] == choice.function.name]
         if not defs:
             raise FieldError("tool_choice", f"no tool named '{choice.function.name}' in 'tools'")
         plan = ToolPlan(fmt, frozenset([defs[0]["name"]]), False)
+    elif choice in (None, "auto") and not generic:
+        return plan, None  # unconstrained: the parameters' schemas only reach the template
     try:
+        if generic:  # the whole answer is constrained: calls, or (auto) a response
+            return plan, tools.generic_grammar(defs, plan.parallel, required=choice not in (None, "auto"))
         return plan, fmt.grammar(defs, plan.parallel)
     except Exception as e:  # the converter raises bare exceptions on what it cannot express
-        raise FieldError("tools", f"a forced call's parameters cannot be turned into a grammar: {e}") from None
-
+        raise FieldError("tools", f"the tools' parameters cannot be turned into a grammar: {e}") from None

@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
-from . import schemas
+from . import schemas, steering
 
 
 class TokenizeRequest(BaseModel):
@@ -86,6 +86,7 @@ def add_template_routes(app: FastAPI, dependencies: list[Any], tokenizer: Any, *
 
     def render(body: schemas.ChatCompletionRequest) -> str:
         try:
-            return tokenizer.render(body.template_messages(), **body.template_variables())[0]
+            messages, variables = steering.template_input(body, tokenizer.template)
+            return tokenizer.render(messages, **variables)[0]
         except Exception as e:  # the template rejected the conversation
             raise bad_request(f"chat template: {e}", "messages") from None

@@ -10,6 +10,11 @@ Formats (llama.cpp's names in brackets):
   after `<|python_tag|>` (Llama 3.1-3.3) [Llama 3.x];
 - mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (Mistral
   Nemo, Small 3.0/3.1) [Mistral Nemo].
+- generic: for templates without a tool format of their own (llama.cpp's
+  generic format): the tools are described in the system turn and the whole
+  answer is constrained by grammar to JSON, `{"tool_calls": [{"name": ...,
+  "arguments": {...}}, ...]}` (`{"tool_call": {...}}` without parallel calls)
+  or `{"response": "..."}`, the reply to the user.
 Text that does not parse as a call of a known tool stays content, as llama.cpp
 leaves it.
 """
@@ -17,6 +22,7 @@ leaves it.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -108,6 +114,7 @@ class ToolCallFormat:
 
 
 HERMES = ToolCallFormat("hermes", "<tool_call>", "arguments")
+GENERIC = ToolCallFormat("generic", "", "arguments")
 LLAMA3 = ToolCallFormat("llama3", "", "parameters")
 MISTRAL = ToolCallFormat("mistral", "[TOOL_CALLS]", "arguments")
 
@@ -125,28 +132,215 @@ def detect_format(template_source: str) -> ToolCallFormat | None:
     return None
 
 
+@dataclass(frozen=True)
+class CallStart:
+    """A streamed call's name is known; its arguments follow as ArgsPart items."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class ArgsPart:
+    """A piece of the open call's arguments, as the model wrote them: the pieces concatenate to its arguments."""
+
+    text: str
+
+
+Item = str | ToolCall | CallStart | ArgsPart
+
+# the head of a Hermes call, name first (as the templates teach it and forced calls' grammars write it):
+# from here on the call is streamed, its arguments piece by piece
+_HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)')
+_JSON = json.JSONDecoder(strict=False)  # grammars let control characters into strings, as llama.cpp's do
+
+
+# ---------------------------------------------------------------- the generic format
+
+GENERIC_INSTRUCTION = ("Respond in JSON format, either with `tool_call` (a request to call tools) or with `response` "
+                       "reply to the user's request")
+
+
+def _call_schema(t: dict[str, Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object",
+                              "properties": {"name": {"const": t["name"]},
+                                             "arguments": t.get("parameters") or {"type": "object"}},
+                              "required": ["name", "arguments"]}
+    if t.get("description"):
+        schema["description"] = t["description"]
+    return schema
+
+
+def generic_schema(tools: list[dict[str, Any]], parallel: bool, required: bool) -> dict[str, Any]:
+    """The JSON schema of an answer in the generic format (llama.cpp's): calls of these tools, or
+    (unless a call is required) a response to the user."""
+    calls = [_call_schema(t) for t in tools]
+    call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    if parallel:
+        answer = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 1}},
+                  "required": ["tool_calls"]}
+    else:
+        answer = {"type": "object", "properties": {"tool_call": call}, "required": ["tool_call"]}
+    if required:
+        return answer
+    return {"anyOf": [answer, {"type": "object", "properties": {"response": {"type": "string"}},
+                               "required": ["response"]}]}
+
+
+def generic_grammar(tools: list[dict[str, Any]], parallel: bool, required: bool) -> str:
+    """GBNF of generic_schema (llama-cpp-python's converter). ValueError for parameters it cannot express."""
+    for t in tools:
+        grammars.check_schema(t.get("parameters"), f"/{t['name']}")
+    conv = SchemaConverter(prop_order={"tool_calls": 0, "tool_call": 0, "response": 0, "name": 1, "arguments": 2},
+                           allow_fetch=False, dotall=False, raw_pattern=False)
+    conv.visit(conv.resolve_refs(generic_schema(tools, parallel, required), "tools"), "")
+    return conv.format_grammar()
+
+
+def generic_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A conversation for a template that knows nothing of tools, as llama.cpp's generic format
+    (and minja's polyfills) shape it: the tools and the answer's form described in the system turn,
+    earlier calls as the JSON the model wrote, tool results as JSON in a user turn."""
+    described = ("You can call any of the following tools to satisfy the user's requests: "
+                 + json.dumps(tools, ensure_ascii=False, indent=2) + "\n\n" + GENERIC_INSTRUCTION)
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            calls = [{"name": c["function"]["name"], "arguments": _as_object(c["function"].get("arguments")),
+                      **({"id": c["id"]} if c.get("id") else {})} for c in m.pop("tool_calls")]
+            m["content"] = json.dumps({"tool_calls": calls}, ensure_ascii=False, indent=2)
+        elif m["role"] == "tool":
+            response = {"tool": m.pop("name", None) or "", "content": m.get("content", "")}
+            if m.get("tool_call_id"):
+                response["tool_call_id"] = m.pop("tool_call_id")
+            m = {"role": "user", "content": json.dumps({"tool_response": response}, ensure_ascii=False, indent=2)}
+        out.append(m)
+    if out and out[0]["role"] == "system":
+        out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{described}"}
+    else:
+        out.insert(0, {"role": "system", "content": described})
+    return out
+
+
+_RESPONSE_HEAD = re.compile(r'\s*\{\s*"response"\s*:\s*"')
+
+
+def _cut_response(text: str) -> str:
+    """The text of a generic answer's response cut off by max_tokens; "" for anything else."""
+    head = _RESPONSE_HEAD.match(text)
+    if not head:
+        return ""
+    body = text[head.end():]
+    for cut in range(len(body), max(-1, len(body) - 7), -1):  # drop a half-written escape (\u12...)
+        try:
+            return str(json.loads(f'"{body[:cut]}"', strict=False))
+        except ValueError:
+            continue
+    return ""
+
+
+def _as_object(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
+
+
+def parse_generic(text: str, tools: set[str], parallel: bool) -> tuple[str, list[ToolCall]] | None:
+    """A generic-format answer's (content, calls); None when it is not one (the text is then content)."""
+    try:
+        answer = json.loads(text, strict=False)
+    except ValueError:
+        return None
+    if not isinstance(answer, dict):
+        return None
+    if isinstance(answer.get("response"), str):
+        return answer["response"], []
+    items = answer.get("tool_calls") if "tool_calls" in answer else [answer.get("tool_call")]
+    if not isinstance(items, list) or not items:
+        return None
+    calls = []
+    for item in items:
+        if not isinstance(item, dict) or item.get("name") not in tools:
+            return None
+        args = item.get("arguments", {})
+        calls.append(ToolCall(item["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)))
+    return "", calls if parallel else calls[:1]
+
+
 class ToolCallStream:
     """Splits an answer, piece by piece, into content and tool calls. Content that
     may still turn out to be a call is held back until it is known. push() and
-    finish() return what can be released: str (content) or ToolCall items."""
+    finish() return what can be released: str (content), ToolCall (a whole call),
+    or, for Hermes calls that name the tool first, CallStart then ArgsPart pieces
+    as the arguments are generated (the pieces concatenate to the arguments).
+
+    A call's markup never reaches the content: a call cut off by max_tokens ends
+    with the arguments written so far (or, cut before its name, is dropped), and
+    with parallel_tool_calls off, calls after the first are dropped."""
 
     def __init__(self, fmt: ToolCallFormat, tools: set[str], parallel: bool = True) -> None:
         self.fmt, self.tools, self.parallel = fmt, tools, parallel
         self._buf = ""
         self._n_calls = 0
         self._seen_content = False
+        self._args_sent: int | None = None  # a streamed call is open: its arguments so far are _buf; sent of them
 
-    def push(self, piece: str) -> list[str | ToolCall]:
+    def push(self, piece: str) -> list[Item]:
         self._buf += piece
         return self._drain(final=False)
 
-    def finish(self) -> list[str | ToolCall]:
+    def finish(self) -> list[Item]:
         return self._drain(final=True)
 
-    def _drain(self, final: bool) -> list[str | ToolCall]:
-        out: list[str | ToolCall] = []
+    def _arguments(self, final: bool) -> tuple[str, bool]:
+        """The open call's next arguments piece, and whether the call has ended (_buf then holds what follows)."""
+        region, sent = self._buf, self._args_sent or 0
+        marker = "</tool_call>"
+        try:
+            _, end = _JSON.raw_decode(region)
+        except ValueError:  # incomplete (every character so far is the value's) or broken
+            at = region.find(marker)
+            if at >= 0:  # broken: the call ends at its closing tag, arguments as written
+                self._buf = region[at + len(marker):]
+                return region[sent:at], True
+            if final:  # cut off: the arguments written so far
+                self._buf = ""
+                return region[sent:], True
+            keep = _partial_suffix(region, marker)
+            self._args_sent = max(sent, len(region) - keep)
+            return region[sent:self._args_sent], False
+        at = region.find(marker, end)
+        if at >= 0 or final:  # what follows the value up to the closing tag ("}\n") is markup
+            self._buf = region[at + len(marker):] if at >= 0 else ""
+            return region[sent:end], True
+        self._args_sent = end
+        return region[sent:end], False
+
+    def _drain(self, final: bool) -> list[Item]:
+        out: list[Item] = []
         fmt = self.fmt
-        while self._buf:
+        while self._buf or (final and self._args_sent is not None):
+            if self._args_sent is not None:  # a streamed call's arguments
+                piece, done = self._arguments(final)
+                if piece:
+                    out.append(ArgsPart(piece))
+                if not done:
+                    break
+                self._args_sent = None
+                self._n_calls += 1
+                continue
+            if fmt is GENERIC:  # the whole answer is one JSON object: read at the end
+                if final:
+                    parsed = parse_generic(self._buf, self.tools, self.parallel)
+                    if parsed is None:  # cut off (max_tokens): the response so far; a call's markup is dropped
+                        out.append(_cut_response(self._buf) if self._buf.lstrip().startswith("{") else self._buf)
+                    else:
+                        out.extend([parsed[0], *parsed[1]])
+                    self._buf = ""
+                break
             if not fmt.start:  # llama3: the whole answer is a call, or none of it is
                 head = self._buf.lstrip()
                 if self._seen_content or not (head.startswith("{") or head.startswith("<|python_tag|>")
@@ -167,7 +361,9 @@ class ToolCallStream:
                     break
                 if rest.startswith(fmt.start):
                     self._buf = rest
-                elif fmt.start.startswith(rest) and not final:
+                elif fmt.start.startswith(rest):  # the next call's opening tag, perhaps cut off
+                    if final:
+                        self._buf = ""
                     break
             at = self._buf.find(fmt.start)
             if at < 0:
@@ -179,11 +375,24 @@ class ToolCallStream:
             if at > 0:
                 out.append(self._buf[:at])
                 self._buf = self._buf[at:]
+            wanted = self.parallel or self._n_calls == 0
+            if fmt is HERMES and wanted:
+                head = _HERMES_HEAD.match(self._buf, len(fmt.start))
+                if head and _json_string(head.group(1)) in self.tools:
+                    out.append(CallStart(_json_string(head.group(1))))
+                    self._buf = self._buf[head.end():]
+                    self._args_sent = 0
+                    continue
             end = fmt.section_end(self._buf)
             if end is None and not final:
                 break
             section = self._buf if end is None else self._buf[:end]
-            calls = fmt.parse_section(section, self.tools) if self.parallel or self._n_calls == 0 else None
+            if (end is None and fmt is HERMES) or not wanted:
+                # cut off before the call's name was known, or a call after the first with parallel_tool_calls
+                # off: markup, dropped (never content)
+                self._buf = self._buf[len(section):].lstrip() if end is not None else ""
+                continue
+            calls = fmt.parse_section(section, self.tools)
             if calls:
                 calls = calls if self.parallel else calls[:1]
                 self._n_calls += len(calls)
@@ -196,6 +405,14 @@ class ToolCallStream:
         return _merge_text(out)
 
 
+def _json_string(body: str) -> str:
+    """A JSON string's body (between its quotes) as text."""
+    try:
+        return str(json.loads(f'"{body}"'))
+    except ValueError:
+        return body
+
+
 def _partial_suffix(text: str, marker: str) -> int:
     """Length of the longest end of text that begins marker."""
     for n in range(min(len(text), len(marker) - 1), 0, -1):
@@ -204,8 +421,8 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def _merge_text(items: list[str | ToolCall]) -> list[str | ToolCall]:
-    out: list[str | ToolCall] = []
+def _merge_text(items: list[Item]) -> list[Item]:
+    out: list[Item] = []
     for x in items:
         if isinstance(x, str):
             if not x:
@@ -222,5 +439,18 @@ def split_answer(fmt: ToolCallFormat, tools: set[str], text: str, parallel: bool
     s = ToolCallStream(fmt, tools, parallel)
     items = s.push(text) + s.finish()
     content = "".join(x for x in items if isinstance(x, str))
-    calls = [x for x in items if isinstance(x, ToolCall)]
+    calls = assemble(items)
     return (content.strip() if calls else content), calls
+
+
+def assemble(items: list[Item]) -> list[ToolCall]:
+    """The calls in a stream's items, streamed ones put together."""
+    calls: list[ToolCall] = []
+    for x in items:
+        if isinstance(x, ToolCall):
+            calls.append(x)
+        elif isinstance(x, CallStart):
+            calls.append(ToolCall(x.name, ""))
+        elif isinstance(x, ArgsPart):
+            calls[-1] = ToolCall(calls[-1].name, calls[-1].arguments + x.text)
+    return calls
