@@ -4,12 +4,15 @@ clear refusal, before anything is loaded, everywhere else."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import llama_cpp
 import numpy as np
 import pydflash2_testing as testing
@@ -18,6 +21,7 @@ from conftest import require_build_feature
 from lossless import check_greedy, plain_greedy
 from pydflash2.convert.cli import main as convert_main
 from pydflash2_testing import teacher_forcing
+from server_process import ServerProcess
 
 import pydflash2
 from pydflash2 import Speculator, exactness, native_info
@@ -201,14 +205,17 @@ def test_exact_cli_runs_on_an_invariant_build(tmp_path, tiny) -> None:
     check_greedy(out["tokens"], ref, exact=True)
 
 
-def test_target_weights_report_repacking(tmp_path, tiny) -> None:
-    # llama.cpp's own quantizer; Q4_0 is repacked on AVX2 and ARM dot-product CPUs
-    import ctypes
-
-    q = tmp_path / "q4_0.gguf"
+def _q4_0(target: Path, out: Path) -> Path:
+    """The target requantized by llama.cpp's own quantizer to Q4_0, which the CPU backend repacks on
+    AVX2 and ARM dot-product CPUs: those weights switch to a gemm kernel from 4 batch rows."""
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
-    assert llama_cpp.llama_model_quantize(str(tiny["target"]).encode(), str(q).encode(), ctypes.byref(params)) == 0
+    assert llama_cpp.llama_model_quantize(str(target).encode(), str(out).encode(), ctypes.byref(params)) == 0
+    return out
+
+
+def test_target_weights_report_repacking(tmp_path, tiny) -> None:
+    q = _q4_0(tiny["target"], tmp_path / "q4_0.gguf")
     w = exactness.target_weights(q)
     assert w["types"].get("q4_0", 0) > 0
     f32 = exactness.target_weights(tiny["target"])
@@ -225,3 +232,36 @@ def test_target_weights_report_repacking(tmp_path, tiny) -> None:
                 assert out.stats["exact"] is True
             with Speculator(llm, tiny["random"], n_max=7) as spec:
                 assert spec.generate("Hello", max_tokens=4, chat=False).stats["exact"] is False
+
+
+def test_serve_exact_caps_a_target_whose_kernels_switch(tmp_path, tiny) -> None:
+    """serve --exact takes Speculator(exact=True)'s checks and caps: with a target whose matmul
+    kernels switch at 4 batch rows (repacked Q4_0) it verifies at most 3 rows whatever --n-max asks,
+    and its greedy answers, two slots at once, are plain greedy decoding's token for token."""
+    _require_invariant()
+    q = _q4_0(tiny["target"], tmp_path / "q4_0.gguf")
+    if not exactness.target_weights(q)["repacked"]:
+        pytest.skip("this CPU does not repack Q4_0 weights: no kernel switch to cap")
+    server = ServerProcess(["--model", str(q), "--draft", str(tiny["random"]), "--exact", "--n-max", "7",
+                            "--parallel", "2", "--n-ctx", "256", "--threads", "1"], tmp_path)
+    try:
+        def complete(prompt: str) -> list[int]:
+            r = httpx.post(server.url + "/v1/completions", timeout=120, json={
+                "prompt": prompt, "max_tokens": 24, "temperature": 0, "return_token_ids": True})
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["token_ids"]
+
+        with ThreadPoolExecutor(2) as pool:
+            answers = dict(zip(PROMPTS[:6], pool.map(complete, PROMPTS[:6]), strict=True))
+        m = httpx.get(server.url + "/metrics", timeout=30).text
+    finally:
+        server.stop()
+    # the per-position counters have one entry per draft the engine may verify: the cap, 3 rows - 1
+    positions = {line.split('position="')[1].split('"')[0] for line in m.splitlines()
+                 if line.startswith("pydflash2:spec_decode_num_accepted_tokens_per_pos_total{")}
+    assert positions == {"0", "1"}, positions
+    llm = llama_cpp.Llama(str(q), n_ctx=256, n_threads=1, verbose=False)
+    for p, got in answers.items():
+        ids = llm.tokenize(p.encode(), add_bos=True, special=True)
+        check_greedy(got, plain_greedy(llm, ids, 24), exact=True, what=p)
+    llm.close()
