@@ -264,3 +264,19 @@ def as_draw(tokens: Sequence[int], ended: bool, end: int, n_steps: int) -> Draw:
     """A generation's first n_steps tokens, END appended where it ended (at EOG) before them."""
     out = tuple(int(t) for t in tokens[:n_steps])
     return out + (end,) if ended and len(out) < n_steps else out
+
+
+class SpeculatorDraws:
+    """draw(seed) for sequential_test: the first n_steps tokens of spec.generate(prompt, seed=seed)
+    under a chain, counting the drafts verification reached and accepted."""
+
+    def __init__(self, spec: Any, prompt: Sequence[int], chain: Chain, end: int, n_steps: int) -> None:
+        self.spec, self.prompt, self.chain, self.end, self.n_steps = spec, list(prompt), chain, end, n_steps
+        self.drafted = self.accepted = 0
+
+    def __call__(self, seed: int) -> Draw:
+        out = self.spec.generate(self.prompt, max_tokens=self.n_steps, seed=seed, **self.chain.kwargs())
+        self.drafted += sum(out.stats["drafted_per_position"])
+        self.accepted += sum(out.stats["accepted_per_position"])
+        return as_draw(out.tokens, out.finish_reason == "eos", self.end, self.n_steps)
+

@@ -16,7 +16,7 @@ import llama_cpp
 import pytest
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 from lossless import DELTA_SMOLLM2, check_greedy, plain_greedy_chain
-from sampling_law import Chain, ExactLaw, TargetLogits, as_draw, sequential_test
+from sampling_law import Chain, ExactLaw, SpeculatorDraws, TargetLogits, sequential_test
 
 from pydflash2 import exactness
 from pydflash2.models import default_drafter, default_target
@@ -133,22 +133,14 @@ def test_sampling_with_the_chain_follows_the_exact_law(smollm2, name) -> None:
     without = Chain(temperature=1.0, top_p=0.9)
     logits = TargetLogits(llm.model_path, ids)
     true_law, wrong_law = ExactLaw(logits, chain), ExactLaw(logits, without)
-    drafted = accepted = 0
-
-    def draw(seed: int) -> tuple[int, ...]:
-        nonlocal drafted, accepted
-        out = spec.generate(ids, max_tokens=3, seed=seed, **chain.kwargs())
-        drafted += sum(out.stats["drafted_per_position"])
-        accepted += sum(out.stats["accepted_per_position"])
-        return as_draw(out.tokens, out.finish_reason == "eos", true_law.END, 3)
-
     try:
         with Speculator(llm, draft, n_max=3) as spec:
-            sequential_test(draw, true_law, wrong_law, 3, chunk=100, what=name)
+            draws = SpeculatorDraws(spec, ids, chain, true_law.END, 3)
+            sequential_test(draws, true_law, wrong_law, 3, chunk=100, what=name)
     finally:
         logits.close()
-    print(f"{name}: drafts accepted {accepted} of {drafted} reached ({accepted / max(drafted, 1):.2f})")
-    assert 0 < accepted < drafted
+    print(f"{name}: drafts accepted {draws.accepted} of {draws.drafted} reached")
+    assert 0 < draws.accepted < draws.drafted
 
 
 def test_logprobs_equal_llama_cpp_python(smollm2, prompts) -> None:

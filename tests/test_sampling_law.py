@@ -21,7 +21,7 @@ from pathlib import Path
 import llama_cpp
 import pydflash2_testing as testing
 import pytest
-from sampling_law import Chain, ExactLaw, TargetLogits, as_draw, sequential_test
+from sampling_law import Chain, ExactLaw, SpeculatorDraws, TargetLogits, sequential_test
 
 from pydflash2.speculator import Speculator, load_target
 
@@ -57,22 +57,14 @@ def _run(spec: Speculator, chain: Chain, wrong: Chain, what: str, *, flash_attn:
     ids = spec.tokenize_prompt(prompt, chat=False)
     logits = TargetLogits(str(spec.llm.model_path), ids, flash_attn=flash_attn)
     true_law, wrong_law = ExactLaw(logits, chain), ExactLaw(logits, wrong)
-    drafted = accepted = 0
-
-    def draw(seed: int) -> tuple[int, ...]:
-        nonlocal drafted, accepted
-        out = spec.generate(ids, max_tokens=N_STEPS, seed=seed, **chain.kwargs())
-        drafted += sum(out.stats["drafted_per_position"])
-        accepted += sum(out.stats["accepted_per_position"])
-        return as_draw(out.tokens, out.finish_reason == "eos", true_law.END, N_STEPS)
-
+    draw = SpeculatorDraws(spec, ids, chain, true_law.END, N_STEPS)
     try:
         draws = sequential_test(draw, true_law, wrong_law, N_STEPS, what=what)
     finally:
         logits.close()
-    print(f"{what}: drafts accepted {accepted} of {drafted} reached")
+    print(f"{what}: drafts accepted {draw.accepted} of {draw.drafted} reached")
     # drafts were accepted and rejected often enough for a biased verifier to show in the counts
-    assert len(draws) // 4 < accepted < drafted, (accepted, drafted, len(draws))
+    assert len(draws) // 4 < draw.accepted < draw.drafted, (draw.accepted, draw.drafted, len(draws))
 
 
 CHAIN_CASES = {

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from conftest import HOT
 from lossless import DELTA_SMOLLM2, DELTA_TINY, check_greedy, plain_greedy, plain_greedy_chain
-from sampling_law import Chain, ExactLaw, TargetLogits, as_draw, sequential_test
+from sampling_law import Chain, ExactLaw, SpeculatorDraws, TargetLogits, sequential_test
 
 from pydflash2 import exactness
 from pydflash2.models import default_drafter, default_target
@@ -136,22 +136,14 @@ def test_sampling_with_a_tree_follows_the_exact_law(pair, llm, chain, wrong) -> 
         ids = spec.tokenize_prompt("Name an animal and say one thing about it.")
     logits = TargetLogits(pair.target, ids, flash_attn=True)  # as the tree's context
     true_law, wrong_law = ExactLaw(logits, chain), ExactLaw(logits, wrong)
-    drafted = accepted = 0
-
-    def draw(seed: int) -> tuple[int, ...]:
-        nonlocal drafted, accepted
-        out = spec.generate(ids, max_tokens=3, seed=seed, **chain.kwargs())
-        drafted += sum(out.stats["drafted_per_position"])
-        accepted += sum(out.stats["accepted_per_position"])
-        return as_draw(out.tokens, out.finish_reason == "eos", true_law.END, 3)
-
     try:
         with Speculator(llm, pair.draft, n_max=7, tree_budget=8) as spec:  # 9 rows: the law, at half the CPU of 16
-            sequential_test(draw, true_law, wrong_law, 3, chunk=100, what=f"tree T={chain.temperature}")
+            draws = SpeculatorDraws(spec, ids, chain, true_law.END, 3)
+            sequential_test(draws, true_law, wrong_law, 3, chunk=100, what=f"tree T={chain.temperature}")
     finally:
         logits.close()
-    print(f"tree depths accepted {accepted} of {drafted} reached ({accepted / max(drafted, 1):.2f})")
-    assert accepted > 0
+    print(f"tree depths accepted {draws.accepted} of {draws.drafted} reached")
+    assert draws.accepted > 0
 
 
 def _logits(ctx, row: int, n_vocab: int) -> np.ndarray:
