@@ -21,6 +21,11 @@ def _allowed_cpus() -> set[int]:
         return set(range(os.cpu_count() or 1))
 
 
+def logical_cpus() -> int:
+    """The logical CPUs this process may run on."""
+    return len(_allowed_cpus()) or 1
+
+
 def physical_cores() -> int:
     """Physical cores among the CPUs this process may use (>= 1).
 

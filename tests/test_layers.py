@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # low to high; a part may import its own layer and the ones below
 LAYERS: list[set[str]] = [
-    {"_native", "cpu_threads", "llama_ext", "text_stream", "models"},
+    {"_native", "cpu_threads", "llama_ext", "text_stream", "models", "kv_memory", "grammar_limits"},
     {"info", "devices", "exactness", "capture", "drafter", "draft_costs", "draft_decision", "draft_tree", "convert",
      "chat_template", "sampling", "_engine"},
     {"speculator", "ollama"},

@@ -163,7 +163,7 @@ def check_run_args(args: argparse.Namespace) -> None:
     """The checks `generate` and `serve` share beyond the sampling options' argparse types, so that
     both accept and refuse the same values: --n-ctx, --threads (at most the logical CPUs: more only
     wait on each other), --n-gpu-layers."""
-    from ..kv_memory import logical_cpus
+    from ..cpu_threads import logical_cpus
 
     if args.n_ctx < MIN_N_CTX:
         raise CliError(f"--n-ctx must be >= {MIN_N_CTX}, got {args.n_ctx}")
