@@ -2,7 +2,7 @@
 
 The engine's greedy draft-verify loop, with the stored greedy continuation as the
 truth and the stored target features as what the drafter is fed: per sequence the
-prompt's rows are injected, then each step proposes a block from the anchor, walks
+prompt's rows are injected, then each step proposes a block from the anchor, picks
 it greedily, accepts the longest prefix equal to the stored text, and injects the
 rows it committed. Run it on the sequences a drafter was trained on and on its
 held-out ones (the split `pydflash2 train` made): the first bounds what its
@@ -40,9 +40,9 @@ def replay(drafter: Drafter, data: Dataset, seq_ids: list[int], max_tokens: int,
         while p < end - 1:
             n = min(n_max + 1, end - p)
             drafter.propose(int(tokens[p]), p, n)
-            walk = drafter.walk("greedy")
+            path = drafter.select_path("greedy")
             k = 0
-            for j, t in enumerate(walk.tokens):
+            for j, t in enumerate(path.tokens):
                 drafted[j] += 1
                 if t != tokens[p + 1 + j]:
                     break

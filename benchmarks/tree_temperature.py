@@ -10,7 +10,7 @@ with the engine; the chain and the shipped temperature agree with it to about 0.
 
 Per temperature T and budget B: tau of the best-first tree whose node probabilities are the
 selector's softmax at T (the builder's own temperature, pydflash2.draft_tree.TEMPERATURE, applied to
-scores scaled by TEMPERATURE / T), against the chain (the greedy walk of 7 drafts), and the ceiling
+scores scaled by TEMPERATURE / T), against the chain (the greedy selector's 7 drafts), and the ceiling
 of a tree holding every path of the lattice.
 
     python benchmarks/tree_temperature.py [--prompts FILE] [--n 24] [--temperatures 1,1.5,2,2.5,3] [--draft F ...]
@@ -35,7 +35,7 @@ EVAL = Path(__file__).with_name("prompts_chat_eval.txt")
 
 
 def lattices(target: str, draft: str, prompts: list[str], workdir: Path, max_new: int) -> list[dict]:
-    """Per text: its tokens after the prompt and, per position, the lattice and the greedy walk.
+    """Per text: its tokens after the prompt and, per position, the lattice and the greedy selector's path.
     The target's texts are distilled once per set of tapped layers (workdir keeps them)."""
     with Drafter(draft, target, n_ctx=1024, n_threads=1) as d:
         layers = [int(x) for x in d.hparams["target_layers"]]
@@ -53,7 +53,7 @@ def lattices(target: str, draft: str, prompts: list[str], workdir: Path, max_new
             for p in range(plen, len(tokens) - 1):
                 prop = d.propose(int(tokens[p]), p, d.block_size)
                 steps.append({"cand": prop.candidates.copy(), "scores": prop.scores.copy(),
-                              "walk": list(d.walk("greedy").tokens)})
+                              "greedy": list(d.select_path("greedy").tokens)})
                 d.inject(feats[p : p + 1], np.arange(p, p + 1))
             texts.append({"tokens": [int(t) for t in tokens[plen + 1 :]], "steps": steps})
     return texts
@@ -71,7 +71,7 @@ def replay(texts: list[dict], accepted) -> float:  # noqa: ANN001  (step, truth)
 
 def chain(step: dict, truth: list[int]) -> int:
     m = 0
-    while m < min(len(step["walk"]), len(truth)) and step["walk"][m] == truth[m]:
+    while m < min(len(step["greedy"]), len(truth)) and step["greedy"][m] == truth[m]:
         m += 1
     return m
 
@@ -111,8 +111,10 @@ def report(texts: list[dict], draft: str, args: argparse.Namespace, temps: list[
     print(f"chain (7 drafts): tau {base:.3f}; a tree holding every path of the lattice: tau {ceiling:.3f} "
           f"({ceiling / base:.2f}x)")
     firsts = [(step, text["tokens"][p]) for text in texts for p, step in enumerate(text["steps"])]
-    print(f"at depth 1 the lattice holds the target's token at {np.mean([t in s['cand'][0] for s, t in firsts]):.0%} "
-          f"of the positions, the greedy walk's first pick at {np.mean([s['walk'][0] == t for s, t in firsts]):.0%}")
+    in_lattice = np.mean([t in s["cand"][0] for s, t in firsts])
+    first_pick = np.mean([s["greedy"][0] == t for s, t in firsts])
+    print(f"at depth 1 the lattice holds the target's token at {in_lattice:.0%} "
+          f"of the positions, the greedy selector's first pick at {first_pick:.0%}")
     print("| T | " + " | ".join(f"tree {b}" for b in budgets) + " |")
     print("| --- |" + " --- |" * len(budgets))
     for t in temps:

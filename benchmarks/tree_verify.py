@@ -1,7 +1,7 @@
 """Tree verification against the chain, measured with the real engine on the real target and drafter.
 
 For every temperature, the same prompts run through Speculators over one target: plain decoding, the
-chain (the greedy walk's n_max drafts, today's verify), trees of B drafted nodes (--tree-budget), the
+chain (the greedy selector's n_max drafts, today's verify), trees of B drafted nodes (--tree-budget), the
 automatic choices (n_max auto, and tree_budget auto: each step the chain or a tree, whichever the
 measured costs price faster; once more with every verify row priced as the first, what a GPU's costs
 would make it choose), each prompt in turns over the configurations so that machine noise hits all

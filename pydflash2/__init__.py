@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ._native import NativeError
-from .drafter import Drafter, DrafterError, Proposal, Walk
+from .drafter import Drafter, DrafterError, DraftPath, Proposal, Walk
 from .info import DrafterFileError, inspect_drafter, native_info
 from .ollama import ModelfileError, modelfile
 from .speculator import Completion, GenerationError, Speculator, load_target, with_lazy_head
@@ -16,6 +16,7 @@ __all__ = [
     "DrafterError",
     "DrafterFileError",
     "Proposal",
+    "DraftPath",
     "Walk",
     "GenerationError",
     "ModelfileError",

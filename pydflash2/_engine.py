@@ -27,8 +27,8 @@ from .drafter import Drafter
 from .exactness import ExactnessUnavailable, Invariance
 from .sampling import SamplingRequest, TokenLogprob, step_logprobs
 
-#: how a step picks its drafts from the drafter's lattice; "auto": the greedy walk when the
-#: request is greedy, the sampled walk otherwise (the native engine decides per request)
+#: the path selectors: how a step picks its drafts from the drafter's lattice; "auto": greedy when
+#: the request is greedy, sampled otherwise (the native engine decides per request)
 SELECTORS = ("auto", *DRAFTER_SELECTORS)
 _AUTO_SELECTOR = -1
 # the support of a DFlash1 drafter's draft distribution (its top-k logits)
@@ -95,12 +95,12 @@ class EngineConfig:
         return (self.n_max == "auto" and not self.tree_budget) or self.tree_auto
 
     def abi(self) -> tuple[int, int, int, int, int]:
-        """(n_max, max_draft, walk, q_top_k, tree_budget) as pdf2_batch_engine_new* take them:
+        """(n_max, max_draft, selector, q_top_k, tree_budget) as pdf2_batch_engine_new* take them:
         n_max -1 adaptive, 255 the drafter's block (the engine caps it there); max_draft -1 no cap;
-        walk -1 auto; tree_budget < 0 automatic, at most -tree_budget."""
+        selector -1 auto; tree_budget < 0 automatic, at most -tree_budget."""
         n_max = {"auto": -1, "block": 255}.get(self.n_max, self.n_max)  # type: ignore[arg-type]
-        walk = _AUTO_SELECTOR if self.selector == "auto" else DRAFTER_SELECTORS[self.selector]
-        return (int(n_max), -1 if self.max_draft is None else self.max_draft, walk, Q_TOP_K,
+        selector = _AUTO_SELECTOR if self.selector == "auto" else DRAFTER_SELECTORS[self.selector]
+        return (int(n_max), -1 if self.max_draft is None else self.max_draft, selector, Q_TOP_K,
                 -self.tree_budget if self.tree_auto else self.tree_budget)
 
 

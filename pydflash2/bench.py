@@ -155,7 +155,7 @@ def _print_table(results: list[dict[str, Any]]) -> None:
     print_phases(results, _label)
 
 
-PHASE_COLUMNS = ("inject", "propose", "walk", "graph_setup", "verify_decode", "verify_logic", "step_other", "python")
+PHASE_COLUMNS = ("inject", "propose", "select", "graph_setup", "verify_decode", "verify_logic", "step_other", "python")
 
 
 def print_phases(rows: list[dict[str, Any]], label: Any) -> None:

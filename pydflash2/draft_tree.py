@@ -1,10 +1,10 @@
 """Trees of candidate paths through a DFlash2 lattice, for tree verification.
 
-The greedy walk drafts one path through the selector's lattice; when its first pick is wrong the
+The greedy selector drafts one path through the selector's lattice; when its first pick is wrong the
 whole block is lost, although the right token is often among the k candidates. A tree keeps the
 `budget` most probable nodes instead (DDTree, Ringel & Romano 2026), expanded best first: a path's
 estimated probability is the product of the selector's softmax at TEMPERATURE over each position's
-candidates, in the row its predecessor selects (the scores the greedy walk takes the argmax of). The native
+candidates, in the row its predecessor selects (the scores the greedy selector takes the argmax of). The native
 builder (native/src/drafter/draft_tree.cpp) is what an engine would run; `DraftTree.match` scores
 a tree against the text a target went on to write (what a greedy verify of the tree accepts, or a
 sampled one that follows the target's draw down the tree: benchmarks/tree_verify.py).

@@ -3,7 +3,7 @@
     d = Drafter("dflash2.gguf", "target.gguf", n_ctx=4096)
     d.inject(features, positions)          # committed target rows
     p = d.propose(anchor, pos, n)          # Proposal: lattice (DFlash2) or logits (DFlash1)
-    w = d.walk(mode="greedy")              # Walk: tokens (+ draft distributions q)
+    path = d.select_path("greedy")         # DraftPath: tokens (+ draft distributions q)
     d.truncate(pos)                        # roll the cache back
 
 Every failure raises DrafterError (a NativeError) with the native message and
@@ -21,7 +21,7 @@ import numpy as np
 from . import _native
 from ._native import ffi, lib
 
-# the selectors: how a walk picks one path through the lattice (native/src/drafter/selector_walk.h)
+# the path selectors: how drafts are picked as one path through a proposal (native/src/drafter/path_selector.h)
 SELECTORS = {"greedy": 0, "sample": 1, "viterbi": 2}
 
 
@@ -44,13 +44,17 @@ class Proposal:
 
 
 @dataclass(frozen=True)
-class Walk:
-    """Drafted tokens [n-1] and per position the draft distribution q over q_ids
-    ([n-1, k]; one-hot for greedy/viterbi)."""
+class DraftPath:
+    """The selector's path: drafted tokens [n-1] and per position the draft distribution q over
+    q_ids ([n-1, k]; one-hot for greedy/viterbi)."""
 
     tokens: np.ndarray
     q_ids: np.ndarray
     q: np.ndarray
+
+
+#: DraftPath's former name, kept so that `from pydflash2 import Walk` still works
+Walk = DraftPath
 
 
 def _check(rc: int, what: str) -> None:
@@ -202,14 +206,16 @@ class Drafter:
         _check(lib.pdf2_drafter_get_logits(self._h, ffi.from_buffer("float[]", logits)), "get_logits")
         return Proposal(int(anchor), int(pos), n, logits=logits)
 
-    def walk(self, mode: str = "greedy", temperature: float = 1.0, seed: int = 0, top_k: int = 16) -> Walk:
-        """Walks the last proposal: "greedy" (the reference), "sample" at
+    def select_path(
+        self, selector: str = "greedy", temperature: float = 1.0, seed: int = 0, top_k: int = 16
+    ) -> DraftPath:
+        """The selector's path through the last proposal: "greedy" (the reference), "sample" at
         temperature (q = softmax(score/T) over the k candidates), or "viterbi".
         top_k: size of q for DFlash1 drafters (DFlash2 uses selector_top_k)."""
-        if mode not in SELECTORS:
-            raise DrafterError(f"walk mode must be one of {sorted(SELECTORS)}, got {mode!r}")
+        if selector not in SELECTORS:
+            raise DrafterError(f"selector must be one of {sorted(SELECTORS)}, got {selector!r}")
         if self._last_n == 0:
-            raise DrafterError("walk: no proposal yet (call propose first)")
+            raise DrafterError("select_path: no proposal yet (call propose first)")
         P = self._last_n - 1
         k = int(self.hparams["selector_top_k"]) if self.version == 2 else int(top_k)
         if k < 1:
@@ -217,9 +223,9 @@ class Drafter:
         tokens = np.empty(P, dtype=np.int32)
         q_ids = np.empty((P, k), dtype=np.int32)
         q = np.empty((P, k), dtype=np.float32)
-        rc = lib.pdf2_drafter_walk(
+        rc = lib.pdf2_drafter_select_path(
             self._h,
-            SELECTORS[mode],
+            SELECTORS[selector],
             float(temperature),
             int(seed) & (2**64 - 1),
             k,
@@ -227,8 +233,8 @@ class Drafter:
             ffi.from_buffer("int32_t[]", q_ids),
             ffi.from_buffer("float[]", q),
         )
-        _check(rc, "walk")
-        return Walk(tokens, q_ids, q)
+        _check(rc, "select_path")
+        return DraftPath(tokens, q_ids, q)
 
     def __repr__(self) -> str:
         return f"Drafter(v{self.version}, device={self.device!r}, n_cached={self.n_cached})"

@@ -56,7 +56,7 @@ class Speculator:
     tokenizer are reused: no second load). draft: a dflash GGUF, or None for
     plain decoding through the same loop. n_max: drafts per block, "auto"
     (adaptive: measured costs, running acceptance) or an int (0 = plain
-    decoding). selector: "auto" (greedy walk at temperature 0, sampled walk
+    decoding). selector (the path selector): "auto" (greedy at temperature 0, sampled
     otherwise), "greedy", "sample" or "viterbi". exact: refuse (with
     ExactnessUnavailable, before loading anything) unless the target's forward
     is batch-invariant here, so that greedy output is bit-identical to plain
@@ -87,7 +87,7 @@ class Speculator:
 
     tree_budget (default 0: the chain): each step verifies the best-first tree of
     that many drafted nodes over the DFlash2 lattice (pydflash2.draft_tree) in the
-    same one target decode, instead of the greedy walk's one path, and commits the
+    same one target decode, instead of the greedy selector's one path, and commits the
     longest path the target's own choices follow (lossless, as the chain). n_max is
     then the tree's depth ("auto": the drafter's block). The target context needs a
     unified KV cache and 1 + tree_budget sequences: a target given as a path gets
@@ -425,7 +425,7 @@ class Speculator:
             return float(e[key] - engine0[key])
 
         # per-phase breakdown: the native phases plus the Python side; they sum to at most total_s
-        phases = {k: spent(k) for k in ("inject_s", "propose_s", "walk_s", "verify_decode_s", "verify_logic_s",
+        phases = {k: spent(k) for k in ("inject_s", "propose_s", "select_s", "verify_decode_s", "verify_logic_s",
                                         "graph_setup_s")}
         phases["prefill_s"] = spent("prefill_decode_s")
         phases["step_other_s"] = max(0.0, spent("step_s") - sum(phases.values()))

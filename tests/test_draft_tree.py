@@ -95,7 +95,7 @@ def test_a_tree_is_closed_under_ancestors_and_ordered_by_probability() -> None:
     assert np.all(np.diff(tree.logp) <= 1e-12)  # popped in order of probability
 
 
-def test_the_first_node_is_the_greedy_walks_first_pick() -> None:
+def test_the_first_node_is_the_greedy_selectors_first_pick() -> None:
     cand, scores = random_lattice(np.random.default_rng(11), 7, 16)
     tree = build_draft_tree(cand, scores, 1)
     assert int(tree.cand[0]) == int(np.argmax(scores[0, 0]))

@@ -20,7 +20,7 @@ def _still_works(d: Drafter) -> None:
     n0 = d.n_cached
     p = d.propose(5, d.last_pos + 1, d.block_size)
     assert p.candidates.shape[0] == d.block_size - 1
-    assert len(d.walk().tokens) == d.block_size - 1
+    assert len(d.select_path().tokens) == d.block_size - 1
     assert d.n_cached == n0
 
 
@@ -64,23 +64,23 @@ def test_cache_full(drafter: Drafter) -> None:
     _still_works(drafter)
 
 
-def test_bad_anchor_walk_mode_temperature(drafter: Drafter) -> None:
+def test_bad_anchor_selector_temperature(drafter: Drafter) -> None:
     with pytest.raises(DrafterError, match="vocabulary"):
         drafter.propose(drafter.n_vocab, 4, 3)
     with pytest.raises(DrafterError, match="truncate"):
         drafter.truncate(-1)
     drafter.propose(5, 4, 3)
-    with pytest.raises(DrafterError, match="walk mode"):
-        drafter.walk("beam")
+    with pytest.raises(DrafterError, match="selector must be one of"):
+        drafter.select_path("beam")
     with pytest.raises(DrafterError, match="temperature"):
-        drafter.walk("sample", temperature=0.0)
+        drafter.select_path("sample", temperature=0.0)
     _still_works(drafter)
 
 
-def test_walk_before_propose(drafter2_gguf, target_gguf) -> None:
+def test_select_path_before_propose(drafter2_gguf, target_gguf) -> None:
     d = Drafter(drafter2_gguf, target_gguf, n_ctx=8, device="CPU")
     with pytest.raises(DrafterError, match="no proposal"):
-        d.walk()
+        d.select_path()
 
 
 def test_drafter_target_mismatch(tmp_path, drafter2_gguf) -> None:
@@ -98,13 +98,13 @@ def test_not_a_drafter_and_unknown_device(drafter2_gguf, target_gguf) -> None:
         Drafter(drafter2_gguf, target_gguf, device="NoSuchGPU")
 
 
-def test_sampling_walk_is_seeded_and_normalised(drafter: Drafter) -> None:
+def test_sampled_path_is_seeded_and_normalised(drafter: Drafter) -> None:
     drafter.propose(5, 4, drafter.block_size)
-    a = drafter.walk("sample", temperature=2.0, seed=11)
-    b = drafter.walk("sample", temperature=2.0, seed=11)
+    a = drafter.select_path("sample", temperature=2.0, seed=11)
+    b = drafter.select_path("sample", temperature=2.0, seed=11)
     assert a.tokens.tolist() == b.tokens.tolist()
     np.testing.assert_allclose(a.q.sum(-1), 1.0, rtol=1e-5)
     for i, t in enumerate(a.tokens):
         assert t in a.q_ids[i]
-    v = drafter.walk("viterbi")
+    v = drafter.select_path("viterbi")
     assert v.q.sum() == pytest.approx(drafter.block_size - 1)

@@ -90,7 +90,7 @@ def _compare(ours: Drafter, up, anchor: int, pos: int, n: int) -> None:
         got = prop.scores[i][rows_ours]
         want = ref.scores[i][rows_up][:, perm_c]
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * scale, err_msg=f"scores at position {i + 1}")
-    assert ours.walk("greedy").tokens.tolist() == ref.greedy_path()
+    assert ours.select_path("greedy").tokens.tolist() == ref.greedy_path()
 
 
 @pytest.mark.parametrize("version", [1, 2, (1, "d2t"), (2, "d2t")])
@@ -111,7 +111,7 @@ def test_parity_with_upstream(version: Any, parity_drafters: dict[Any, Path], ta
 
         # several draft/commit rounds, with rollbacks of rejected rows
         for _round in range(3):
-            drafted = ours.walk("greedy").tokens.tolist() if ours.version == 2 else []
+            drafted = ours.select_path("greedy").tokens.tolist() if ours.version == 2 else []
             block = [anchor] + (drafted or rng.integers(8, V, size=3).tolist())[:3]
             feats, logits = up.target_decode(block, pos)
             # accept anchor + 1 draft: roll the target back past the rest

@@ -25,14 +25,14 @@ def _compare_v2(d: Drafter, ref: RefDrafter, anchor: int, pos: int, n: int) -> N
             p_tok = anchor if i == 0 else int(prop.candidates[i - 1, p])
             want = np.array([score(i, p_tok, int(c)) for c in prop.candidates[i]])
             np.testing.assert_allclose(prop.scores[i, p], want, rtol=1e-4, atol=1e-3)
-    # the greedy walk is the reference walk over the reference scores
+    # the greedy selector is the reference greedy path over the reference scores
     prev, toks = anchor, []
     for i in range(n - 1):
         cs = sorted(cand_sets[i])
         c = max(cs, key=lambda t: score(i, prev, t))
         toks.append(c)
         prev = c
-    assert d.walk("greedy").tokens.tolist() == toks
+    assert d.select_path("greedy").tokens.tolist() == toks
 
 
 def _compare_v1(d: Drafter, ref: RefDrafter, anchor: int, pos: int, n: int) -> None:
@@ -41,7 +41,7 @@ def _compare_v1(d: Drafter, ref: RefDrafter, anchor: int, pos: int, n: int) -> N
     np.testing.assert_allclose(prop.logits, logits[1:], rtol=1e-4, atol=1e-3)
     for i in range(n - 1):
         assert set(np.argsort(-prop.logits[i])[:8].tolist()) == set(np.argsort(-logits[i + 1])[:8].tolist())
-    assert d.walk("greedy").tokens.tolist() == logits[1:].argmax(-1).tolist()
+    assert d.select_path("greedy").tokens.tolist() == logits[1:].argmax(-1).tolist()
 
 
 @pytest.mark.parametrize("which", ["drafter1_gguf", "drafter2_gguf"])

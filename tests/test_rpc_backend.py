@@ -72,8 +72,8 @@ def drafter_cycles(drafter: str, target: str, device: str, seed: int, n_cycles: 
             for _ in range(int(rng.integers(1, 3))):  # propose once or twice in a row (graph reuse)
                 n = int(rng.integers(2, d.block_size + 1))
                 p = d.propose(int(rng.integers(0, d.n_vocab)), pos, n)
-                walk = d.walk("greedy")
-                rec = {"cycle": cycle, "n": n, "tokens": walk.tokens.tolist()}
+                path = d.select_path("greedy")
+                rec = {"cycle": cycle, "n": n, "tokens": path.tokens.tolist()}
                 if p.candidates is not None:
                     rec["candidates"] = p.candidates.tolist()
                     rec["scores"] = p.scores.tolist()

@@ -73,7 +73,7 @@ def speculators(smollm2):
     """One Speculator per n_max over the same Llama (each starts its requests afresh)."""
     llm, draft = smollm2
     specs: dict = {n: Speculator(llm, draft, n_max=n) for n in [1, 2, 3, 4, 5, 6, 7, "auto"]}
-    # the greedy walk keeps to the grammar; Viterbi's path does not, so its forbidden drafts
+    # the greedy selector keeps to the grammar; Viterbi's path does not, so its forbidden drafts
     # reach verification, which must reject them
     specs["viterbi"] = Speculator(llm, draft, n_max=5, selector="viterbi")
     yield specs

@@ -387,7 +387,7 @@ def test_metrics_parse_and_move(client: openai.OpenAI, server: ServerProcess, ll
     assert moved(p + "spec_decode_draft_seconds_total") > 0
     assert moved(p + "spec_decode_verify_seconds_total") > 0
     # per-phase breakdown of the engine's steps
-    phases = ("inject", "propose", "walk", "graph_setup", "verify_decode", "prefill_decode", "verify_logic")
+    phases = ("inject", "propose", "select", "graph_setup", "verify_decode", "prefill_decode", "verify_logic")
     moves = {ph: moved(p + f"spec_decode_{ph}_seconds_total") for ph in phases}
     assert all(v >= 0 for v in moves.values()), moves
     assert moves["propose"] > 0 and moves["verify_decode"] > 0 and moves["prefill_decode"] > 0

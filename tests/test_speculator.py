@@ -289,7 +289,7 @@ def test_stats_are_reported(models, llm) -> None:
     assert all(a <= d for a, d in zip(s["accepted_per_position"], s["drafted_per_position"], strict=True))
 
 
-PHASES = ("prefill_s", "inject_s", "propose_s", "walk_s", "graph_setup_s", "verify_decode_s", "verify_logic_s",
+PHASES = ("prefill_s", "inject_s", "propose_s", "select_s", "graph_setup_s", "verify_decode_s", "verify_logic_s",
           "step_other_s", "python_s")
 
 
@@ -309,11 +309,11 @@ def test_phase_breakdown_partitions_the_request(models, llm, n_max, temperature)
     assert total >= 0.8 * s["total_s"], (total, s["total_s"], p)
     assert p["verify_decode_s"] > 0 and p["prefill_s"] > 0
     if n_max == 0:
-        assert p["propose_s"] == p["walk_s"] == p["inject_s"] == p["graph_setup_s"] == 0.0
+        assert p["propose_s"] == p["select_s"] == p["inject_s"] == p["graph_setup_s"] == 0.0
     else:
         assert p["propose_s"] > 0 and p["inject_s"] > 0
         # the older draft/verify totals are sums of phases
-        assert s["draft_s"] >= p["propose_s"] + p["walk_s"] - 1e-9
+        assert s["draft_s"] >= p["propose_s"] + p["select_s"] - 1e-9
         assert s["verify_s"] == pytest.approx(p["verify_decode_s"] + p["verify_logic_s"], rel=1e-6, abs=1e-6)
 
 

@@ -175,8 +175,8 @@ def test_model_is_the_documented_drafter(tmp_path: Path, hot_target: Path, versi
         np.testing.assert_allclose(ours.detach().numpy()[0], want, rtol=1e-4, atol=2e-3)
 
 
-def test_walk_accuracy_scores_the_walks_pick(tmp_path: Path, hot_target: Path) -> None:
-    """walk_acc (what the τ estimate uses) scores the candidate the engine's greedy walk
+def test_path_accuracy_scores_the_greedy_selectors_pick(tmp_path: Path, hot_target: Path) -> None:
+    """path_acc (what the τ estimate uses) scores the candidate the engine's greedy selector
     picks, unary plus pairwise score given the true predecessor, found here with the
     float64 reference of the doc's math; acc scores the unary top-1."""
     info = read_target(hot_target)
@@ -194,9 +194,9 @@ def test_walk_accuracy_scores_the_walks_pick(tmp_path: Path, hot_target: Path) -
     ref.inject(feats[:p].astype(np.float64), np.arange(p))
     h_ref, lg_ref = ref.forward(anchor, p, 6)
     cands, score = ref.selector(anchor, h_ref, lg_ref)
-    walk_pick = max(cands[0], key=lambda c: score(0, anchor, c))
+    selector_pick = max(cands[0], key=lambda c: score(0, anchor, c))
     unary_top = int(np.argmax(lg_ref[1]))
-    assert walk_pick != unary_top  # else this test could not tell the two apart
+    assert selector_pick != unary_top  # else this test could not tell the two apart
 
     def accuracies(label: int) -> tuple[float, float]:
         labels = torch.full((1, 1, 6), -100, dtype=torch.long)
@@ -204,9 +204,9 @@ def test_walk_accuracy_scores_the_walks_pick(tmp_path: Path, hot_target: Path) -
         batch = Batch(torch.from_numpy(feats)[None], torch.ones(1, 12, dtype=torch.bool), torch.tensor([[p]]),
                       torch.tensor([[anchor]]), labels, torch.ones(1, 1, dtype=torch.bool))
         loss = compute_losses(model, batch)
-        return loss.acc[0], loss.walk_acc[0]
+        return loss.acc[0], loss.path_acc[0]
 
-    assert accuracies(walk_pick) == (0.0, 1.0)
+    assert accuracies(selector_pick) == (0.0, 1.0)
     assert accuracies(unary_top) == (1.0, 0.0)
 
 
@@ -217,7 +217,7 @@ def test_training_reduces_the_loss(run_dir: Path) -> None:
     assert steps[-1]["loss"] < 0.8 * steps[0]["loss"], steps
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 60 and summary["draft_vocab"] == 300
-    assert summary["val_tau_est"] == pytest.approx(expected_tau(summary["val_walk_acc"]))
+    assert summary["val_tau_est"] == pytest.approx(expected_tau(summary["val_path_acc"]))
 
 
 def test_hf_export_reloads(run_dir: Path, hot_target: Path) -> None:

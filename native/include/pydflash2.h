@@ -98,7 +98,7 @@ int pdf2_drafter_truncate(pdf2_drafter * d, int32_t pos);
 
 /* Runs block [anchor, MASK x (n-1)] at positions pos..pos+n-1 (2 <= n <=
  * block_size, pos after the cache end). The result stays in the drafter
- * until the next propose: read it with get_lattice / get_logits / walk. */
+ * until the next propose: read it with get_lattice / get_logits / select_path. */
 int pdf2_drafter_propose(pdf2_drafter * d, int32_t anchor, int32_t pos, int32_t n);
 
 /* DFlash2: candidates [n-1][k] and scores [n-1][k(pred)][k(cand)] of the last
@@ -108,12 +108,12 @@ int pdf2_drafter_get_lattice(const pdf2_drafter * d, int32_t * candidates, float
 /* DFlash1: logits [n-1][n_vocab] of the drafted positions. */
 int pdf2_drafter_get_logits(const pdf2_drafter * d, float * logits);
 
-/* Walks the last proposal. mode: 0 greedy (reference), 1 sample at
- * temperature (seeded), 2 viterbi (best path). Writes tokens [n-1] and,
- * when not NULL, the draft distributions q_ids/q [n-1][k] (k = selector_top_k
- * for DFlash2, top_k for DFlash1; one-hot unless sampling). */
-int pdf2_drafter_walk(const pdf2_drafter * d, int32_t mode, float temperature, uint64_t seed, int32_t top_k,
-                      int32_t * tokens, int32_t * q_ids, float * q);
+/* The path selector over the last proposal. selector: 0 greedy (reference), 1
+ * sample at temperature (seeded), 2 viterbi (best path). Writes tokens [n-1]
+ * and, when not NULL, the draft distributions q_ids/q [n-1][k] (k =
+ * selector_top_k for DFlash2, top_k for DFlash1; one-hot unless sampling). */
+int pdf2_drafter_select_path(const pdf2_drafter * d, int32_t selector, float temperature, uint64_t seed,
+                             int32_t top_k, int32_t * tokens, int32_t * q_ids, float * q);
 
 /* ---- Draft tree: the candidate paths a tree verify checks ----
  * The `budget` most probable nodes of a DFlash2 lattice (candidates [n_pos][k], scores
@@ -164,14 +164,15 @@ int pdf2_grammar_check(const void * vocab, const char * gbnf);
  * n_threads_batch (prompt chunks) <= 0: llama.cpp's default. flash_attn: -1
  * auto, 0 off, 1 on. n_max: drafts per block, -1 = adaptive, 0 = plain
  * decoding. max_draft >= 0 caps the drafts per step (as in
- * pdf2_batch_engine_new_borrowed; < 0: no cap). walk: -1 auto (sample when the target samples, else greedy), 0
- * greedy, 1 sample, 2 viterbi. q_top_k: support of a DFlash1 draft
+ * pdf2_batch_engine_new_borrowed; < 0: no cap). selector (the path selector):
+ * -1 auto (sample when the target samples, else greedy), 0 greedy, 1 sample, 2
+ * viterbi. q_top_k: support of a DFlash1 draft
  * distribution. The drafters' features come through llama.cpp's layer-input
  * taps, or, for an architecture without them (capture rule), through the
  * capture callback the engine installs in its own context. tree_budget > 0:
  * each step verifies the best-first tree of that many drafted nodes over the
  * DFlash2 lattice (pdf2_draft_tree) in the same one decode, instead of the
- * greedy walk's chain; the context is then made with a unified KV cache and
+ * greedy selector's chain; the context is then made with a unified KV cache and
  * n_slots x (1 + tree_budget) sequences (0..255; 0 = the chain). tree_budget
  * < 0: automatic, at most -tree_budget nodes: each step's budget (0 = the
  * chain) from the cost model, whose costs then include verifies of up to
@@ -180,7 +181,7 @@ typedef struct pdf2_batch_engine pdf2_batch_engine;
 
 pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_t n_slots, int32_t n_ctx_slot, int32_t n_threads,
                                           int32_t n_threads_batch, int32_t flash_attn, pdf2_drafter ** drafters, int32_t n_drafters,
-                                          int32_t n_max, int32_t max_draft, int32_t walk, int32_t q_top_k,
+                                          int32_t n_max, int32_t max_draft, int32_t selector, int32_t q_top_k,
                                           int32_t tree_budget);
 /* One slot in a context the caller owns (target_ctx: a llama_context *, e.g.
  * llama_cpp.Llama._ctx.ctx; its size and threads are the slot's). The owner may
@@ -197,7 +198,7 @@ pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_t n_slots, 
  * unified KV cache and at least 1 + |tree_budget| sequences (< 0: automatic). */
 pdf2_batch_engine * pdf2_batch_engine_new_borrowed(void * target_ctx, struct pdf2_capture * feature_capture,
                                                    struct pdf2_capture * head_capture, pdf2_drafter * drafter,
-                                                   int32_t n_max, int32_t max_draft, int32_t walk, int32_t q_top_k,
+                                                   int32_t n_max, int32_t max_draft, int32_t selector, int32_t q_top_k,
                                                    int32_t tree_budget);
 /* Turns a borrowed context's layer-input taps off again; call while it lives. 0 / -1. */
 int pdf2_batch_engine_release_target(pdf2_batch_engine * e);

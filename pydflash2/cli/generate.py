@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="drafts per block: auto (default) or N (0 = plain)")
     p.add_argument("--tree-budget", type=parse_tree_budget, default=0, metavar="N", help=TREE_BUDGET_HELP)
     p.add_argument("--selector", choices=["auto", "greedy", "sample", "viterbi"], default="auto",
-                   help="path walk through the DFlash2 lattice (auto: greedy at T=0, sampled otherwise)")
+                   help="the path selector through the DFlash2 lattice (auto: greedy at T=0, sampled otherwise)")
     p.add_argument("--raw", action="store_true",
                    help="no chat template: tokenize the prompt as is (BOS added, special tokens parsed)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")

@@ -44,7 +44,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="drafts per block: auto (default) or N (0 = plain)")
     p.add_argument("--tree-budget", type=parse_tree_budget, default=0, metavar="N", help=TREE_BUDGET_HELP)
     p.add_argument("--selector", choices=["auto", "greedy", "sample", "viterbi"], default="auto",
-                   help="path walk through the DFlash2 lattice (auto: greedy at T=0, sampled otherwise)")
+                   help="the path selector through the DFlash2 lattice (auto: greedy at T=0, sampled otherwise)")
     add_exact_arg(p, what=" whatever else is in the batch")
     add_flash_attn_arg(p)
     p.add_argument("--api-key", action="append", default=[],

@@ -46,7 +46,7 @@ _PHASES = {
                                              "(the rest of a rejected block skips its head)"),
     "inject_s": ("inject_seconds", "Seconds in feature copies and drafter inject graphs"),
     "propose_s": ("propose_seconds", "Seconds in drafter propose graphs (with the lattice read-back)"),
-    "walk_s": ("walk_seconds", "Seconds walking the drafter's proposals into drafts"),
+    "select_s": ("select_seconds", "Seconds in the path selector (the drafts picked from each proposal)"),
     "graph_setup_s": ("graph_setup_seconds", "Seconds building and allocating drafter graphs"),
     "verify_decode_s": ("verify_decode_seconds", "Seconds in target decodes of verify rows"),
     "prefill_decode_s": ("prefill_decode_seconds", "Seconds in target decodes of prompt chunks"),

@@ -117,18 +117,18 @@ class Losses:
     selector: torch.Tensor
     acc: torch.Tensor  # [n-1] top-1 accuracy of the unary logits per block position 1..n-1
     sel_acc: torch.Tensor  # selector picks the true token given the true predecessor (when among candidates)
-    # [n-1] per block position: the greedy walk's pick (DFlash2: best candidate score given the true
+    # [n-1] per block position: the greedy selector's pick (DFlash2: best candidate score given the true
     # predecessor; DFlash: the unary top-1) is the true token. This, not `acc`, is what the
     # engine's acceptance follows: the selector often corrects the unary top-1.
-    walk_acc: torch.Tensor
+    path_acc: torch.Tensor
 
     def values(self) -> dict:
-        """Plain numbers: {"total", "ce", "soft", "selector", "sel_acc": float, "acc", "walk_acc": list}."""
+        """Plain numbers: {"total", "ce", "soft", "selector", "sel_acc": float, "acc", "path_acc": list}."""
         n = self.acc.numel()
         scalars = torch.stack([self.total.detach(), self.ce, self.soft, self.selector, self.sel_acc]).float()
-        flat = torch.cat([scalars, self.acc.float(), self.walk_acc.float()]).tolist()
+        flat = torch.cat([scalars, self.acc.float(), self.path_acc.float()]).tolist()
         return {"total": flat[0], "ce": flat[1], "soft": flat[2], "selector": flat[3], "sel_acc": flat[4],
-                "acc": flat[5 : 5 + n], "walk_acc": flat[5 + n :]}
+                "acc": flat[5 : 5 + n], "path_acc": flat[5 + n :]}
 
 
 def soft_kl(logp_draft: torch.Tensor, soft_ids_d: torch.Tensor, soft_logp: torch.Tensor) -> torch.Tensor:
@@ -184,7 +184,7 @@ def compute_losses(model: DFlash2Drafter, batch: Batch, opts: LossOptions | None
         hit = ((lg.argmax(-1) == lab_d) & (lab_d >= 0)).float()
         acc = (hit * has).flatten(0, -2).sum(0) / n_has
     total = token_loss
-    sel_loss, sel_acc, walk_acc = zero, zero, acc
+    sel_loss, sel_acc, path_acc = zero, zero, acc
     if c.version == 2:
         kk = min(c.selector_top_k, lg.shape[-1])
         src = lg if o.selector_backbone else lg.detach()
@@ -204,14 +204,14 @@ def compute_losses(model: DFlash2Drafter, batch: Batch, opts: LossOptions | None
         scores = model.candidate_selector.scores(unary, cand, h, prev)
         with torch.no_grad():
             pick = cand.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
-            walk_acc = ((pick == lab).float() * has).flatten(0, -2).sum(0) / n_has
+            path_acc = ((pick == lab).float() * has).flatten(0, -2).sum(0) / n_has
             sel_acc = ((scores.argmax(-1) == tgt).float() * present).sum() / present.sum().clamp(min=1.0)
         # masked, not indexed: every rank runs the same graph whether or not a gold token is present
         ws = (w if o.selector_decay else torch.ones_like(w)).expand_as(lab) * present
         sel_ce = F.cross_entropy(scores.reshape(-1, kk).float(), tgt.reshape(-1), reduction="none").view(lab.shape)
         sel_loss = (sel_ce * ws).sum() / norm(ws.sum(), 1e-12)
         total = total + o.selector_weight * sel_loss
-    return Losses(total, ce_loss.detach(), soft_loss.detach(), sel_loss.detach(), acc, sel_acc, walk_acc)
+    return Losses(total, ce_loss.detach(), soft_loss.detach(), sel_loss.detach(), acc, sel_acc, path_acc)
 
 
 def expected_tau(acc: list[float]) -> float:

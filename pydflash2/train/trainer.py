@@ -189,10 +189,10 @@ def evaluate(model: DFlash2Drafter, data: Dataset, val_ids: np.ndarray, s: Train
             vals.append(compute_losses(model, b, lopts).values())
     model.train()
     acc = np.mean([v["acc"] for v in vals], axis=0).tolist()
-    walk = np.mean([v["walk_acc"] for v in vals], axis=0).tolist()
+    path_acc = np.mean([v["path_acc"] for v in vals], axis=0).tolist()
     return {"val_ce": float(np.mean([v["ce"] for v in vals])), "val_soft_kl": float(np.mean([v["soft"] for v in vals])),
-            "val_selector": float(np.mean([v["selector"] for v in vals])), "val_acc": acc, "val_walk_acc": walk,
-            "val_tau_est": expected_tau(walk)}
+            "val_selector": float(np.mean([v["selector"] for v in vals])), "val_acc": acc, "val_path_acc": path_acc,
+            "val_tau_est": expected_tau(path_acc)}
 
 
 def train(model: DFlash2Drafter, data: Dataset, out: Path, s: TrainSettings, *, par: Parallel | None = None,
@@ -267,10 +267,10 @@ def train(model: DFlash2Drafter, data: Dataset, out: Path, s: TrainSettings, *, 
             ema_value = v["ema"]
             log.append({"step": step, "elapsed_s": round(elapsed, 1), "loss": round(v["ema"], 4),
                         "ce": round(v["ce"], 4), "soft_kl": round(v["soft"], 4), "selector": round(v["selector"], 4),
-                        "acc1": round(v["acc"][0], 3), "tau_est": round(expected_tau(v["walk_acc"]), 3),
+                        "acc1": round(v["acc"][0], 3), "tau_est": round(expected_tau(v["path_acc"]), 3),
                         "lr": opt.param_groups[0]["lr"]})
             bar.set_postfix_str(f"step {step} loss {v['ema']:.3f} ce {v['ce']:.3f} sel {v['selector']:.3f} "
-                                f"acc1 {v['acc'][0]:.2f} tau~{expected_tau(v['walk_acc']):.2f}", refresh=False)
+                                f"acc1 {v['acc'][0]:.2f} tau~{expected_tau(v['path_acc']):.2f}", refresh=False)
         bar.update(round(100 * min(frac(), 1.0), 1) - bar.n)  # redraws at most every mininterval
         if par.is_main and time.monotonic() - last_ckpt > s.checkpoint_minutes * 60:
             save()
@@ -295,9 +295,9 @@ def _global_values(loss: Losses, ema: torch.Tensor, par: Parallel) -> dict:
     batch's, so the average is the global batch's loss; accuracies are the ranks' mean)."""
     scalars = torch.stack([ema.float(), loss.total.detach().float(), loss.ce.float(), loss.soft.float(),
                            loss.selector.float(), loss.sel_acc.float()])
-    vec = torch.cat([scalars, loss.acc.float(), loss.walk_acc.float()])
+    vec = torch.cat([scalars, loss.acc.float(), loss.path_acc.float()])
     vec = par.global_sum(vec) / par.world if par.distributed else vec
     x = vec.tolist()
     n = loss.acc.numel()
     return {"ema": x[0], "total": x[1], "ce": x[2], "soft": x[3], "selector": x[4], "sel_acc": x[5],
-            "acc": x[6 : 6 + n], "walk_acc": x[6 + n :]}
+            "acc": x[6 : 6 + n], "path_acc": x[6 + n :]}

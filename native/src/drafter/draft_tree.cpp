@@ -14,7 +14,7 @@ namespace pdf2 {
 namespace {
 
 // A row's candidates ranked by score (stable: equal scores keep index order, as the greedy
-// walk's argmax takes the first), with their log-softmax at kDraftTreeTemperature; non-finite
+// selector's argmax takes the first), with their log-softmax at kDraftTreeTemperature; non-finite
 // scores are left out.
 struct RankedRow {
     std::vector<int32_t> order;

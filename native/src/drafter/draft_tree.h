@@ -1,18 +1,18 @@
 // A tree of candidate paths through a DFlash2 lattice, for tree verification
-// (DDTree, Ringel & Romano 2026): instead of the one greedy walk, the B most
+// (DDTree, Ringel & Romano 2026): instead of the greedy selector's one path, the B most
 // probable nodes of the lattice's path tree, expanded best first.
 //
 // A node at depth d (block position d, 1..P) holds candidate c of position d-1
 // and hangs under its parent (the root is the anchor). Its conditional
 // probability is the selector's softmax at kDraftTreeTemperature over the k
 // candidates of its position, in the row its parent's candidate selects
-// (unary + pairwise scores, the numbers the greedy walk takes the argmax of);
+// (unary + pairwise scores, the numbers the greedy selector takes the argmax of);
 // a path's probability is the product along it. Children never outrank their parent,
 // so the B best nodes form a tree, found by popping a heap of frontier nodes:
 // a popped node pushes its next-ranked sibling and its best child.
 #pragma once
 
-#include "drafter/selector_walk.h"
+#include "drafter/path_selector.h"
 
 #include <cstdint>
 #include <vector>
@@ -38,7 +38,7 @@ struct DraftTree {
 
 // The best `budget` nodes (fewer when the lattice has fewer finite-score nodes).
 // Ties in path probability go to the node pushed first (the better-ranked sibling,
-// then the shallower node): at budget <= n_pos the first nodes are the greedy walk's
+// then the shallower node): at budget <= n_pos the first nodes are the greedy selector's
 // path wherever it is also the most probable. Throws Error on a bad budget.
 DraftTree build_draft_tree(const Lattice & lat, int budget);
 

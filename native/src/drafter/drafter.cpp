@@ -361,18 +361,18 @@ const Proposal & Drafter::inject_and_propose(const float * features, size_t widt
     return last_;
 }
 
-WalkResult Drafter::walk(WalkMode mode, float temperature, uint64_t seed, int top_k) const {
+DraftPath Drafter::select_path(SelectorMode selector, float temperature, uint64_t seed, int top_k) const {
     if (!last_.valid()) {
-        throw Error("walk: no proposal yet (call propose first)");
+        throw Error("select_path: no proposal yet (call propose first)");
     }
-    if (mode != WalkMode::Greedy && mode != WalkMode::Sample && mode != WalkMode::Viterbi) {
-        throw Error("unknown walk mode");
+    if (selector != SelectorMode::Greedy && selector != SelectorMode::Sample && selector != SelectorMode::Viterbi) {
+        throw Error("unknown selector");
     }
     if (model_->is_v2()) {
-        return walk_lattice(last_.lattice, mode, temperature, seed);
+        return select_lattice_path(last_.lattice, selector, temperature, seed);
     }
-    return walk_logits(last_.logits.data(), last_.n - 1, static_cast<int>(hparams().n_vocab), mode, temperature, seed,
-                       top_k);
+    return select_logits_path(last_.logits.data(), last_.n - 1, static_cast<int>(hparams().n_vocab), selector,
+                              temperature, seed, top_k);
 }
 
 std::string Drafter::info_json() const {

@@ -1,13 +1,13 @@
 // Drafter: model + KV cache + cached graphs + scheduler. The C++ entry point
 // for the draft-verify loop: inject() committed target features, propose() a
-// block, walk() it; truncate() rolls the cache back.
+// block, select_path() through it; truncate() rolls the cache back.
 #pragma once
 
 #include "drafter/drafter_cache.h"
 #include "drafter/drafter_graph.h"
 #include "drafter/drafter_model.h"
 #include "drafter/drafter_sched.h"
-#include "drafter/selector_walk.h"
+#include "drafter/path_selector.h"
 
 #include <ggml-backend.h>
 
@@ -74,8 +74,8 @@ class Drafter {
     // slot's drafter would otherwise grow as rarer shapes and longer contexts come). Throws Error.
     void reserve_graph_slots();
     const Proposal & last() const { return last_; }
-    // walks the last proposal; top_k applies to DFlash1 only (DFlash2 uses selector_top_k)
-    WalkResult walk(WalkMode mode, float temperature, uint64_t seed, int top_k) const;
+    // the selector's path through the last proposal; top_k: DFlash1's q support (DFlash2 uses selector_top_k)
+    DraftPath select_path(SelectorMode selector, float temperature, uint64_t seed, int top_k) const;
 
     std::string info_json() const;
 

@@ -126,11 +126,12 @@ extern "C" int pdf2_drafter_get_logits(const pdf2_drafter * d, float * logits) {
     });
 }
 
-extern "C" int pdf2_drafter_walk(const pdf2_drafter * d, int32_t mode, float temperature, uint64_t seed,
-                                 int32_t top_k, int32_t * tokens, int32_t * q_ids, float * q) {
+extern "C" int pdf2_drafter_select_path(const pdf2_drafter * d, int32_t selector, float temperature, uint64_t seed,
+                                        int32_t top_k, int32_t * tokens, int32_t * q_ids, float * q) {
     return run([&] {
-        if (mode < 0 || mode > 2) throw pdf2::Error("walk mode must be 0 (greedy), 1 (sample) or 2 (viterbi)");
-        const pdf2::WalkResult r = get(d).walk(static_cast<pdf2::WalkMode>(mode), temperature, seed, top_k);
+        if (selector < 0 || selector > 2) throw pdf2::Error("selector must be 0 (greedy), 1 (sample) or 2 (viterbi)");
+        const pdf2::DraftPath r =
+            get(d).select_path(static_cast<pdf2::SelectorMode>(selector), temperature, seed, top_k);
         if (tokens) std::copy(r.tokens.begin(), r.tokens.end(), tokens);
         if (q_ids) std::copy(r.q_ids.begin(), r.q_ids.end(), q_ids);
         if (q) std::copy(r.q.begin(), r.q.end(), q);

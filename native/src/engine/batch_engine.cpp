@@ -164,7 +164,7 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
         const size_t width = static_cast<size_t>(target_.feature_width());
         feat_.reserve(static_cast<size_t>(batch_cap_) * width);
         DFlashSourceOptions source_opts;
-        source_opts.walk = opts.walk;
+        source_opts.selector = opts.selector;
         source_opts.q_top_k = opts.q_top_k;
         source_opts.feature_width = target_.feature_width();
         source_opts.max_draft = max_draft_;
@@ -519,7 +519,7 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
     st.n_max_used[static_cast<size_t>(std::min(depth, max_draft_))] += 1;
     record_drafted_step(s, depth, n, k);
     if (tree_policy_.max_budget() > 0) {
-        // the chain's estimate learns what the chain would have done: the greedy walk is the tree's
+        // the chain's estimate learns what the chain would have done: the greedy selector's path is the tree's
         // first-child chain (rows 1..its length), of which the path kept its first n_in_place nodes
         int chain = 0;
         for (int node = 0; node < n; ++node) chain += node_row[static_cast<size_t>(node)] == t.depth[static_cast<size_t>(node)];

@@ -52,10 +52,10 @@ struct BatchEngineOptions {
     DraftLength draft_length = DraftLength::Adaptive;
     int n_max = 0;                    // DraftLength::Fixed: drafts per block
     std::optional<int> max_draft;     // a cap on any step's drafts (exact mode keeps verify batches small)
-    std::optional<WalkMode> walk;     // none: sample when the target samples, else greedy
+    std::optional<SelectorMode> selector;  // none: sample when the target samples, else greedy
     int q_top_k = 16;                 // DFlash1: support of the draft distribution when sampling
     // > 0: a step verifies the best-first tree of this many drafted nodes over the DFlash2 lattice
-    // (draft_tree.h) instead of the greedy walk's chain, in the same one decode: each node is a row
+    // (draft_tree.h) instead of the greedy selector's chain, in the same one decode: each node is a row
     // in the sequences of every leaf below it (llama.cpp's own way to decode a tree), so that it
     // attends to the committed context and its ancestors only. Needs a unified KV cache and
     // n_slots * (1 + tree_budget) sequences: an own context is made so; a borrowed one must be.
@@ -101,11 +101,11 @@ struct BatchStats {
     std::vector<int64_t> accepted_per_pos;  // accepted at block position 1..max_draft
     double draft_s = 0, decode_s = 0, inject_s = 0;
     // per-phase breakdown of step() (seconds): inject_s (feature copies + drafter
-    // inject graphs), propose_s (drafter propose graphs + read-back), walk_s,
+    // inject graphs), propose_s (drafter propose graphs + read-back), select_s,
     // verify_decode_s / prefill_decode_s (the target decodes: decode_s is their sum),
     // verify_logic_s (logit rows, acceptance, rollback), graph_setup_s (drafter
     // graph builds/allocations, taken out of inject/propose), step_s (all of step()).
-    double propose_s = 0, walk_s = 0, verify_decode_s = 0, prefill_decode_s = 0, verify_logic_s = 0;
+    double propose_s = 0, select_s = 0, verify_decode_s = 0, prefill_decode_s = 0, verify_logic_s = 0;
     double graph_setup_s = 0, step_s = 0;
     int64_t n_graph_builds = 0;
 };

@@ -19,11 +19,11 @@ namespace {
 pdf2::BatchEngine & get(pdf2_batch_engine * e) { return pdf2::handle_impl(e, "batch engine"); }
 
 // The C ABI's encoding of the drafting options, decoded once: n_max -1 = adaptive, 0 = plain,
-// > 0 = that many (the drafter's block caps it); max_draft < 0 = no cap; walk -1 = auto;
+// > 0 = that many (the drafter's block caps it); max_draft < 0 = no cap; selector -1 = auto;
 // tree_budget < 0 = automatic, at most -tree_budget nodes.
-void set_draft_options(pdf2::BatchEngineOptions & opts, int32_t n_max, int32_t max_draft, int32_t walk,
+void set_draft_options(pdf2::BatchEngineOptions & opts, int32_t n_max, int32_t max_draft, int32_t selector,
                        int32_t q_top_k, int32_t tree_budget) {
-    pdf2::check_walk_options(walk, q_top_k);
+    pdf2::check_selector_options(selector, q_top_k);
     if (n_max < -1) {
         throw pdf2::Error("n_max must be >= 0, or -1 for adaptive");
     }
@@ -32,7 +32,7 @@ void set_draft_options(pdf2::BatchEngineOptions & opts, int32_t n_max, int32_t m
                                      : pdf2::DraftLength::Fixed;
     opts.n_max = std::max(0, n_max);
     if (max_draft >= 0) opts.max_draft = max_draft;
-    if (walk >= 0) opts.walk = static_cast<pdf2::WalkMode>(walk);
+    if (selector >= 0) opts.selector = static_cast<pdf2::SelectorMode>(selector);
     opts.q_top_k = q_top_k;
     opts.tree_budget = tree_budget < 0 ? -tree_budget : tree_budget;
     opts.tree_auto = tree_budget < 0;
@@ -44,7 +44,7 @@ extern "C" pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_
                                                      int32_t n_threads, int32_t n_threads_batch, int32_t flash_attn,
                                                      pdf2_drafter ** drafters,
                                                      int32_t n_drafters, int32_t n_max, int32_t max_draft,
-                                                     int32_t walk, int32_t q_top_k, int32_t tree_budget) {
+                                                     int32_t selector, int32_t q_top_k, int32_t tree_budget) {
     return pdf2::guarded<pdf2_batch_engine *>(nullptr, [&] {
         if (flash_attn < -1 || flash_attn > 1) {
             throw pdf2::Error("flash_attn must be -1 (auto), 0 (off) or 1 (on)");
@@ -62,7 +62,7 @@ extern "C" pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_
         opts.n_threads = n_threads;
         opts.n_threads_batch = n_threads_batch;
         opts.flash_attn = flash_attn;
-        set_draft_options(opts, n_max, max_draft, walk, q_top_k, tree_budget);
+        set_draft_options(opts, n_max, max_draft, selector, q_top_k, tree_budget);
         auto e = std::make_unique<pdf2_batch_engine>();
         e->impl = std::make_unique<pdf2::BatchEngine>(static_cast<llama_model *>(target_model), ds, opts);
         return e.release();
@@ -71,7 +71,7 @@ extern "C" pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_
 
 extern "C" pdf2_batch_engine * pdf2_batch_engine_new_borrowed(void * target_ctx, pdf2_capture * feature_capture,
                                                               pdf2_capture * head_capture, pdf2_drafter * drafter,
-                                                              int32_t n_max, int32_t max_draft, int32_t walk,
+                                                              int32_t n_max, int32_t max_draft, int32_t selector,
                                                               int32_t q_top_k, int32_t tree_budget) {
     return pdf2::guarded<pdf2_batch_engine *>(nullptr, [&] {
         pdf2::BorrowedTarget t;
@@ -79,7 +79,7 @@ extern "C" pdf2_batch_engine * pdf2_batch_engine_new_borrowed(void * target_ctx,
         t.feature_capture = feature_capture != nullptr ? capture_impl(feature_capture) : nullptr;
         t.head_capture = head_capture != nullptr ? capture_impl(head_capture) : nullptr;
         pdf2::BatchEngineOptions opts;
-        set_draft_options(opts, n_max, max_draft, walk, q_top_k, tree_budget);
+        set_draft_options(opts, n_max, max_draft, selector, q_top_k, tree_budget);
         auto e = std::make_unique<pdf2_batch_engine>();
         e->impl = std::make_unique<pdf2::BatchEngine>(t, drafter != nullptr ? drafter->impl.get() : nullptr, opts);
         return e.release();

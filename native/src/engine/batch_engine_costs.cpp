@@ -56,7 +56,7 @@ void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify
         for (int n = 1; n <= max_draft_; ++n) {
             const auto t0 = Clock::now();
             s.drafting.drafter->propose(s.seq.anchor, s.seq.pos, n + 1);
-            (void) s.drafting.drafter->walk(WalkMode::Greedy, 0.0f, 0, opts_.q_top_k);
+            (void) s.drafting.drafter->select_path(SelectorMode::Greedy, 0.0f, 0, opts_.q_top_k);
             dt[static_cast<size_t>(n - 1)].push_back(seconds_since(t0));
         }
     }

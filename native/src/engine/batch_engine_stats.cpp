@@ -28,7 +28,7 @@ std::string BatchEngine::stats_json() const {
     w.field("decode_s", stats_.decode_s);
     w.field("inject_s", stats_.inject_s);
     w.field("propose_s", stats_.propose_s);
-    w.field("walk_s", stats_.walk_s);
+    w.field("select_s", stats_.select_s);
     w.field("verify_decode_s", stats_.verify_decode_s);
     w.field("prefill_decode_s", stats_.prefill_decode_s);
     w.field("verify_logic_s", stats_.verify_logic_s);

@@ -24,8 +24,8 @@ void DFlashDraftSource::draft(const DraftRequest & req, DraftBlock & out) {
     feed_.clear();
     out.graph_setup_s = drafter_.graph_setup_seconds() - setup0;
     out.n_graph_builds = static_cast<int64_t>(drafter_.n_graph_builds() - builds0);
-    const auto t_walk = Clock::now();
-    out.propose_s = std::chrono::duration<double>(t_walk - t0).count() - out.graph_setup_s;
+    const auto t_select = Clock::now();
+    out.propose_s = std::chrono::duration<double>(t_select - t0).count() - out.graph_setup_s;
     const Lattice & lattice = drafter_.last().lattice;
     if (req.tree_budget > 0 && lattice.n_pos > 0) {
         draft_tree(lattice, req.tree_budget, out);  // the target's verify follows its own choice down it
@@ -33,9 +33,9 @@ void DFlashDraftSource::draft(const DraftRequest & req, DraftBlock & out) {
         if (tree_policy_.max_budget() > 0 && lattice.n_pos == opts_.max_draft) {
             tree_policy_.observe_tree(build_draft_tree(lattice, tree_policy_.max_budget()));
         }
-        walk(req, out);
+        select_chain(req, out);
     }
-    out.walk_s = seconds_since(t_walk);
+    out.select_s = seconds_since(t_select);
     out.seconds = seconds_since(t0);
 }
 
@@ -53,34 +53,34 @@ void DFlashDraftSource::draft_tree(const Lattice & lattice, int tree_budget, Dra
     out.is_tree = !out.tokens.empty();
 }
 
-void DFlashDraftSource::walk(const DraftRequest & req, DraftBlock & out) {
+void DFlashDraftSource::select_chain(const DraftRequest & req, DraftBlock & out) {
     TargetSampler & sampler = *req.sampler;
     const bool greedy = sampler.params().greedy();
-    WalkMode mode = opts_.walk.value_or(greedy ? WalkMode::Greedy : WalkMode::Sample);
-    if (greedy && mode == WalkMode::Sample) {
-        mode = WalkMode::Greedy;  // a greedy target accepts only its argmax: sampled drafts would be wasted
+    SelectorMode mode = opts_.selector.value_or(greedy ? SelectorMode::Greedy : SelectorMode::Sample);
+    if (greedy && mode == SelectorMode::Sample) {
+        mode = SelectorMode::Greedy;  // a greedy target accepts only its argmax: sampled drafts would be wasted
     }
-    const float walk_t = mode == WalkMode::Sample ? sampler.params().temperature : 0.0f;
-    const WalkResult w = drafter_.walk(mode, walk_t, sampler.rng()(), opts_.q_top_k);
-    out.tokens.assign(w.tokens.begin(), w.tokens.end());
-    if (mode == WalkMode::Greedy && greedy) {
+    const float temperature = mode == SelectorMode::Sample ? sampler.params().temperature : 0.0f;
+    const DraftPath path = drafter_.select_path(mode, temperature, sampler.rng()(), opts_.q_top_k);
+    out.tokens.assign(path.tokens.begin(), path.tokens.end());
+    if (mode == SelectorMode::Greedy && greedy) {
         constrain(sampler, out);
     }
     out.q.resize(out.tokens.size());
     for (size_t j = 0; j < out.tokens.size(); ++j) {
-        for (int c = 0; c < w.k; ++c) {
-            const size_t at = j * static_cast<size_t>(w.k) + static_cast<size_t>(c);
-            if (w.q[at] > 0.0f) {
-                out.q[j].ids.push_back(w.q_ids[at]);
-                out.q[j].probs.push_back(w.q[at]);
+        for (int c = 0; c < path.k; ++c) {
+            const size_t at = j * static_cast<size_t>(path.k) + static_cast<size_t>(c);
+            if (path.q[at] > 0.0f) {
+                out.q[j].ids.push_back(path.q_ids[at]);
+                out.q[j].probs.push_back(path.q[at]);
             }
         }
     }
 }
 
-// With a grammar, the greedy walk over a DFlash2 lattice takes at each position the best
+// With a grammar, the greedy selector over a DFlash2 lattice takes at each position the best
 // candidate the grammar allows after the drafts before it (a copy of the slot's grammar
-// follows the walk), so that constrained output keeps its acceptance; the block ends where
+// follows the path), so that constrained output keeps its acceptance; the block ends where
 // no candidate is allowed. The target's verification decides as always: this only changes
 // which drafts it sees.
 void DFlashDraftSource::constrain(TargetSampler & sampler, DraftBlock & out) const {

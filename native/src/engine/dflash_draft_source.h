@@ -1,5 +1,5 @@
 // The DFlash drafter as a draft source: one forward of the drafter proposes a block (DFlash2: a
-// k-by-k lattice of candidates; DFlash1: logits), then the selector walk picks the chain, or the
+// k-by-k lattice of candidates; DFlash1: logits), then the path selector picks the chain, or the
 // best-first tree over the lattice (draft_tree.h) is the step's candidates.
 #pragma once
 
@@ -25,7 +25,7 @@ struct DrafterFeed {
 };
 
 struct DFlashSourceOptions {
-    std::optional<WalkMode> walk;  // none: sample when the target samples, else greedy
+    std::optional<SelectorMode> selector;// none: sample when the target samples, else greedy
     int q_top_k = 16;              // DFlash1: support of the draft distribution when sampling
     int feature_width = 0;
     int max_draft = 0;             // the engine's block: only full blocks teach the tree budget
@@ -42,7 +42,7 @@ class DFlashDraftSource final : public DraftSource {
 
   private:
     void draft_tree(const Lattice & lattice, int tree_budget, DraftBlock & out);
-    void walk(const DraftRequest & req, DraftBlock & out);
+    void select_chain(const DraftRequest & req, DraftBlock & out);
     void constrain(TargetSampler & sampler, DraftBlock & out) const;  // greedy drafts the grammar allows
 
     Drafter & drafter_;

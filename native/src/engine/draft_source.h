@@ -32,7 +32,7 @@ struct DraftBlock {
     DraftTree tree;
     double seconds = 0.0;        // all of drafting
     double propose_s = 0.0;      // ... of which the drafter's forward
-    double walk_s = 0.0;         // ... and choosing the block from its proposal
+    double select_s = 0.0;       // ... and choosing the block from its proposal
     double graph_setup_s = 0.0;  // graph builds and allocations (outside propose_s)
     int64_t n_graph_builds = 0;
 
@@ -40,7 +40,7 @@ struct DraftBlock {
         tokens.clear();
         q.clear();
         is_tree = false;
-        seconds = propose_s = walk_s = graph_setup_s = 0.0;
+        seconds = propose_s = select_s = graph_setup_s = 0.0;
         n_graph_builds = 0;
     }
 };

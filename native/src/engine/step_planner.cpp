@@ -157,7 +157,7 @@ void BatchEngine::draft(Slot & s, const SlotPlan & p) {
     stats_.graph_setup_s += block.graph_setup_s;
     stats_.n_graph_builds += block.n_graph_builds;
     stats_.propose_s += block.propose_s;
-    stats_.walk_s += block.walk_s;
+    stats_.select_s += block.select_s;
     stats_.draft_s += block.seconds;
 }
 

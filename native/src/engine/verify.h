@@ -25,7 +25,7 @@ struct VerifyResult {
 using LogitRows = std::function<const float *(int)>;
 
 // Every committed token (accepted drafts, then the bonus or correction token) is accepted into
-// the sampler's history as the walk reaches it.
+// the sampler's history as verification reaches it.
 // A chain: greedy targets keep drafts while they are the argmax; sampling targets by rejection
 // (q[j] = the law the j-th draft was drawn from; one-hot for a picked draft).
 VerifyResult verify_chain(const std::vector<llama_token> & drafts, const std::vector<SparseDist> & q,

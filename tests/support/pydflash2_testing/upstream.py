@@ -55,7 +55,7 @@ class Lattice:
         return int(self.candidates.shape[1])
 
     def greedy_path(self) -> list[int]:
-        """Upstream's walk: predecessor row 0 at position 1, then argmax left to right."""
+        """Upstream's greedy path: predecessor row 0 at position 1, then argmax left to right."""
         prev, out = 0, []
         for i in range(self.candidates.shape[0]):
             prev = int(np.argmax(self.scores[i, prev]))

@@ -1,4 +1,4 @@
-#include "drafter/selector_walk.h"
+#include "drafter/path_selector.h"
 
 #include "common/errors.h"
 
@@ -37,28 +37,28 @@ int sample_softmax(const float * x, int n, float temperature, std::mt19937_64 & 
     return 0;
 }
 
-void check_temperature(WalkMode mode, float temperature) {
-    if (mode == WalkMode::Sample && !(temperature > 0.0f && std::isfinite(temperature))) {
-        throw Error("sample walk needs a temperature > 0, got " + std::to_string(temperature));
+void check_temperature(SelectorMode mode, float temperature) {
+    if (mode == SelectorMode::Sample && !(temperature > 0.0f && std::isfinite(temperature))) {
+        throw Error("the sample selector needs a temperature > 0, got " + std::to_string(temperature));
     }
 }
 
 }  // namespace
 
-void check_walk_options(int walk, int q_top_k) {
-    if (walk < -1 || walk > static_cast<int>(WalkMode::Viterbi)) {
-        throw Error("walk must be -1 (auto), 0 (greedy), 1 (sample) or 2 (viterbi)");
+void check_selector_options(int selector, int q_top_k) {
+    if (selector < -1 || selector > static_cast<int>(SelectorMode::Viterbi)) {
+        throw Error("selector must be -1 (auto), 0 (greedy), 1 (sample) or 2 (viterbi)");
     }
     if (q_top_k < 1) {
         throw Error("q_top_k must be >= 1");
     }
 }
 
-WalkResult walk_lattice(const Lattice & lat, WalkMode mode, float temperature, uint64_t seed) {
+DraftPath select_lattice_path(const Lattice & lat, SelectorMode mode, float temperature, uint64_t seed) {
     check_temperature(mode, temperature);
     const int P = lat.n_pos;
     const int k = lat.k;
-    WalkResult res;
+    DraftPath res;
     res.k = k;
     res.tokens.resize(P);
     res.q_ids.assign(lat.cand.begin(), lat.cand.end());
@@ -66,7 +66,7 @@ WalkResult walk_lattice(const Lattice & lat, WalkMode mode, float temperature, u
     if (P == 0) return res;
 
     std::vector<int> choice(P);
-    if (mode == WalkMode::Viterbi) {
+    if (mode == SelectorMode::Viterbi) {
         // best[c]: best total score of a path ending in candidate c at position i
         std::vector<double> best(k), next(k);
         std::vector<int> back(static_cast<size_t>(P) * k, 0);
@@ -99,24 +99,24 @@ WalkResult walk_lattice(const Lattice & lat, WalkMode mode, float temperature, u
         for (int i = 0; i < P; ++i) {
             const float * row = lat.row(i, prev);
             float * q = res.q.data() + static_cast<size_t>(i) * k;
-            prev = mode == WalkMode::Sample ? sample_softmax(row, k, temperature, rng, q) : argmax(row, k);
+            prev = mode == SelectorMode::Sample ? sample_softmax(row, k, temperature, rng, q) : argmax(row, k);
             choice[i] = prev;
         }
     }
     for (int i = 0; i < P; ++i) {
         res.tokens[i] = lat.cand[static_cast<size_t>(i) * k + choice[i]];
-        if (mode != WalkMode::Sample) res.q[static_cast<size_t>(i) * k + choice[i]] = 1.0f;
+        if (mode != SelectorMode::Sample) res.q[static_cast<size_t>(i) * k + choice[i]] = 1.0f;
     }
     return res;
 }
 
-WalkResult walk_logits(const float * logits, int n_pos, int n_vocab, WalkMode mode, float temperature, uint64_t seed,
-                       int top_k) {
+DraftPath select_logits_path(const float * logits, int n_pos, int n_vocab, SelectorMode mode, float temperature,
+                             uint64_t seed, int top_k) {
     check_temperature(mode, temperature);
     if (top_k < 1 || top_k > n_vocab) {
         throw Error("top_k must be in [1, " + std::to_string(n_vocab) + "], got " + std::to_string(top_k));
     }
-    WalkResult res;
+    DraftPath res;
     res.k = top_k;
     res.tokens.resize(n_pos);
     res.q_ids.resize(static_cast<size_t>(n_pos) * top_k);
@@ -137,7 +137,7 @@ WalkResult walk_logits(const float * logits, int n_pos, int n_vocab, WalkMode mo
             vals[j] = l[idx[j]];
         }
         int j = 0;  // greedy / viterbi (positions are independent): the argmax
-        if (mode == WalkMode::Sample) {
+        if (mode == SelectorMode::Sample) {
             j = sample_softmax(vals.data(), top_k, temperature, rng, q);
         } else {
             q[0] = 1.0f;

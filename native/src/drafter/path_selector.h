@@ -1,4 +1,5 @@
-// Walks over a proposal: the DFlash2 k-by-k lattice or DFlash1 logits.
+// The path selector: picks one path of drafts through a proposal (the DFlash2 k-by-k lattice or
+// DFlash1 logits), greedy, sampled or Viterbi.
 #pragma once
 
 #include <cstddef>
@@ -7,12 +8,12 @@
 
 namespace pdf2 {
 
-enum class WalkMode : int { Greedy = 0, Sample = 1, Viterbi = 2 };
+enum class SelectorMode : int { Greedy = 0, Sample = 1, Viterbi = 2 };
 
-// The engines' walk option (-1 = auto: sample when the target samples, else greedy; or a
-// WalkMode) and q_top_k (support of a DFlash1 draft distribution) as the C API takes them:
+// The engines' selector option (-1 = auto: sample when the target samples, else greedy; or a
+// SelectorMode) and q_top_k (support of a DFlash1 draft distribution) as the C API takes them:
 // throws Error for values outside those.
-void check_walk_options(int walk, int q_top_k);
+void check_selector_options(int selector, int q_top_k);
 
 // DFlash2 lattice of P drafted positions: candidates [P][k] (token ids) and
 // scores [P][k(pred)][k(cand)]; position 0's rows are all the anchor's row.
@@ -26,17 +27,17 @@ struct Lattice {
 
 // Per drafted position: the chosen token and the draft distribution q over
 // q_ids (k entries): softmax(scores/T) for sample, one-hot for greedy/viterbi.
-struct WalkResult {
+struct DraftPath {
     std::vector<int32_t> tokens;
     int k = 0;
     std::vector<int32_t> q_ids;  // [n_pos][k]
     std::vector<float> q;        // [n_pos][k]
 };
 
-WalkResult walk_lattice(const Lattice & lat, WalkMode mode, float temperature, uint64_t seed);
+DraftPath select_lattice_path(const Lattice & lat, SelectorMode mode, float temperature, uint64_t seed);
 
 // DFlash1: logits [n_pos][n_vocab]; q over the top_k tokens of each position.
-WalkResult walk_logits(const float * logits, int n_pos, int n_vocab, WalkMode mode, float temperature,
-                       uint64_t seed, int top_k);
+DraftPath select_logits_path(const float * logits, int n_pos, int n_vocab, SelectorMode mode, float temperature,
+                             uint64_t seed, int top_k);
 
 }  // namespace pdf2
