@@ -147,6 +147,28 @@ def _ptr(p: Any) -> Any:
     return ffi.NULL if p is None else p.handle
 
 
+class PreparedSampling:
+    """A request's sampler chain made ahead of NativeEngine.start (its grammar parsed, every value
+    checked) from the target model alone, so that it can be made on any thread while another steps
+    the engine. start() takes it; one start per PreparedSampling."""
+
+    def __init__(self, model: Any, n_ctx_slot: int, sampling: SamplingRequest) -> None:
+        handle = lib.pdf2_prepare_sampling(_native.void_ptr(model), int(n_ctx_slot), sampling.struct)
+        if handle == ffi.NULL:
+            raise GenerationError(_native.last_error())
+        self._raw = handle
+        self._h: Any = ffi.gc(handle, lib.pdf2_prepared_sampling_free)
+        self.n_logprobs = sampling.n_logprobs
+
+    def take(self) -> Any:
+        """The native handle, now the caller's to free (start_prepared frees it)."""
+        if self._h is None:
+            raise GenerationError("this prepared sampling was used already")
+        ffi.gc(self._h, None)  # no destructor any more: the engine frees it
+        raw, self._h, self._raw = self._raw, None, None
+        return raw
+
+
 class NativeEngine:
     """One pdf2_batch_engine: n slots verified in one target decode per step.
     Not thread-safe: one thread drives it."""
@@ -200,10 +222,13 @@ class NativeEngine:
 
     # ------------------------------------------------------------ slots
 
-    def start(self, slot: int, tokens: Sequence[int], sampling: SamplingRequest) -> None:
+    def start(self, slot: int, tokens: Sequence[int], sampling: SamplingRequest | PreparedSampling) -> None:
         arr = np.ascontiguousarray(tokens, dtype=np.int32)
-        check(lib.pdf2_batch_engine_start(self._h, int(slot), ffi.from_buffer("int32_t[]", arr), len(arr),
-                                          sampling.struct), "start")
+        buf = ffi.from_buffer("int32_t[]", arr)
+        if isinstance(sampling, PreparedSampling):
+            check(lib.pdf2_batch_engine_start_prepared(self._h, int(slot), buf, len(arr), sampling.take()), "start")
+        else:
+            check(lib.pdf2_batch_engine_start(self._h, int(slot), buf, len(arr), sampling.struct), "start")
 
     def stop(self, slot: int) -> None:
         """Frees the slot (a no-op when it is idle)."""

@@ -123,19 +123,68 @@ def worst_health_during(server: ServerProcess, route: str, body: dict) -> tuple[
     return done[0], worst
 
 
+def _large_grammar(n_bytes: int) -> str:
+    alts: list[str] = []
+    size = 0
+    while size < n_bytes:
+        alts.append(f'"v{len(alts)}"')
+        size += len(alts[-1]) + 3
+    return "root ::= " + " | ".join(alts)
+
+
 def test_health_answers_while_a_large_grammar_compiles(server: ServerProcess) -> None:
     """A grammar of half --max-grammar-bytes (about half a second of llama.cpp's parsing, on a worker
     thread and again when the request starts) stalls neither the event loop nor the scheduler's lock:
     /health answers within 200 ms all along."""
-    alts = []
-    size = 0
-    while size < GrammarLimits().grammar_bytes // 2:
-        alts.append(f'"v{len(alts)}"')
-        size += len(alts[-1]) + 3
-    r, worst = worst_health_during(server, "/v1/completions",
-                                   {"prompt": "Hello", "max_tokens": 2, "grammar": "root ::= " + " | ".join(alts)})
+    r, worst = worst_health_during(server, "/v1/completions", {
+        "prompt": "Hello", "max_tokens": 2, "grammar": _large_grammar(GrammarLimits().grammar_bytes // 2)})
     assert r.status_code == 200, r.text[:300]
     assert worst < 0.2, f"/health took {worst * 1000:.0f} ms while the grammar compiled"
+
+
+def test_the_step_loop_never_waits_for_a_grammar(target_gguf: Path, tmp_path: Path) -> None:
+    """A request's grammar is parsed on a worker thread before the step loop starts the request
+    (Scheduler.prepare): a stream decoding meanwhile keeps its pace. When the scheduler thread
+    parsed it, the stream stopped for as long as the parse."""
+    # one decoding thread: the parse has the other core (two would make ggml's barriers wait on it)
+    server = ServerProcess(["--model", str(target_gguf), "--draft", "none", "--parallel", "2", "--n-ctx", "4096",
+                            "--threads", "1", "--max-body", str(4 << 20)], tmp_path)
+    try:
+        grammar = _large_grammar(GrammarLimits().grammar_bytes // 2)
+        t0 = time.perf_counter()
+        assert post(server, {"prompt": "Hello", "max_tokens": 1, "grammar": grammar}).status_code == 200
+        parse_s = time.perf_counter() - t0  # the request is its parse, nearly all of it
+        arrivals: list[float] = []
+        answered: list[float] = []
+
+        def grammar_request() -> None:
+            r = post(server, {"prompt": "Hello", "max_tokens": 1, "grammar": grammar})
+            assert r.status_code == 200, r.text
+            answered.append(time.perf_counter())
+
+        fired = 0.0
+        with httpx.Client(timeout=120) as c, c.stream("POST", server.url + "/v1/completions", json={
+                "prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0, "stream": True}) as stream:
+            for line in stream.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                arrivals.append(time.perf_counter())
+                if len(arrivals) == 20:  # decoding at its pace: now the grammar's request comes
+                    fired = time.perf_counter()
+                    threading.Thread(target=grammar_request, daemon=True).start()
+                if answered and arrivals[-1] > answered[0] + 0.2:
+                    break
+    finally:
+        server.stop()
+    assert answered, "the grammar's request was not answered while the stream ran"
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+    typical = sorted(gaps)[len(gaps) // 2]
+    during = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False) if fired < b <= answered[0] + 0.2]
+    # the test can tell: a parse many steps long (else a pause would hide among the steps)
+    assert parse_s > 10 * typical, (parse_s, typical)
+    assert during and max(during) < parse_s / 2, (
+        f"the stream paused {max(during, default=0) * 1000:.0f} ms while a grammar that takes "
+        f"{parse_s * 1000:.0f} ms to parse was prepared")
 
 
 def test_health_answers_while_a_long_text_is_tokenised(server: ServerProcess) -> None:

@@ -249,6 +249,17 @@ typedef struct pdf2_sampling {
  * token comes with the step that finishes the prefill). 0 / -1. */
 int pdf2_batch_engine_start(pdf2_batch_engine * e, int32_t slot, const int32_t * prompt, int32_t n_prompt,
                             const pdf2_sampling * sampling);
+/* A request's sampler chain made ahead of start (its grammar parsed, every value
+ * checked), on any thread: it reads only the target model's vocabulary, so a long
+ * grammar parse never holds up the thread that steps the engine. n_ctx_slot: the
+ * engine's context per slot (start refuses a chain made for another). NULL on
+ * failure (pdf2_last_error). */
+typedef struct pdf2_prepared_sampling pdf2_prepared_sampling;
+pdf2_prepared_sampling * pdf2_prepare_sampling(void * target_model, int32_t n_ctx_slot, const pdf2_sampling * sampling);
+void pdf2_prepared_sampling_free(pdf2_prepared_sampling * p);
+/* start() with a prepared chain, which it takes (frees) whether it succeeds or not. 0 / -1. */
+int pdf2_batch_engine_start_prepared(pdf2_batch_engine * e, int32_t slot, const int32_t * prompt, int32_t n_prompt,
+                                     pdf2_prepared_sampling * prepared);
 /* Prompt rows an idle slot already holds from its last request (what start()
  * there would not prefill), -1 on failure (a busy slot, a bad index). */
 int32_t pdf2_batch_engine_cached_prefix(pdf2_batch_engine * e, int32_t slot, const int32_t * prompt, int32_t n_prompt);

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from sse_starlette.sse import EventSourceResponse
 
+from .._engine import GenerationError
 from ..chat_template import ChatTemplate
 from ..grammar_limits import GrammarLimits
 from ..sampling import random_seed
@@ -216,7 +217,7 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
                 raise ApiError(400, f"prompt token ids outside the vocabulary (0..{tokenizer.n_vocab - 1}): {bad[:5]}",
                                param="prompt")
         st = await offload(steer, body)  # schema conversion and llama.cpp's grammar check take a while
-        req = _submit(scheduler, request, body, tokens, config, COMPLETION_DEFAULT_MAX_TOKENS, st)
+        req = await _submit(scheduler, request, body, tokens, config, COMPLETION_DEFAULT_MAX_TOKENS, st, offload)
         answer = Answer(schemas.new_id("cmpl"), config.model_id, body, st, tokenizer.piece, fingerprint)
         if body.stream:
             return EventSourceResponse(answer.stream_completion(_events(scheduler, req)))
@@ -228,7 +229,7 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
         body = await _read_body(request, schemas.ChatCompletionRequest, config)
         st = await offload(steer, body)
         tokens = await offload(_chat_tokens, tokenizer, body)
-        req = _submit(scheduler, request, body, tokens, config, None, st)
+        req = await _submit(scheduler, request, body, tokens, config, None, st, offload)
         answer = Answer(schemas.new_id("chatcmpl"), config.model_id, body, st, tokenizer.piece, fingerprint)
         if body.stream:
             return EventSourceResponse(answer.stream_chat(_events(scheduler, req)))
@@ -297,8 +298,9 @@ def _arrival(request: Request) -> float:
     return getattr(request.state, "arrival", None) or time.perf_counter()
 
 
-def _submit(scheduler: Scheduler, request: Request, body: schemas._Sampling, tokens: list[int], config: ServerConfig,
-            default_max_tokens: int | None, steer: steering.Steering) -> GenerationRequest:
+async def _submit(scheduler: Scheduler, request: Request, body: schemas._Sampling, tokens: list[int],
+                  config: ServerConfig, default_max_tokens: int | None, steer: steering.Steering,
+                  offload: Callable[..., Awaitable[Any]]) -> GenerationRequest:
     n_ctx = config.n_ctx
     if not tokens:
         raise ApiError(400, "the prompt is empty", param="prompt")
@@ -330,6 +332,12 @@ def _submit(scheduler: Scheduler, request: Request, body: schemas._Sampling, tok
     if config.queue_timeout_s:
         req.queue_deadline = arrival + config.queue_timeout_s
     request.state.generation = req  # for the access log
+    try:
+        # the engine's sampler chain (llama.cpp parses the grammar) here on a worker thread, so that
+        # the step loop, which starts the request, never waits for it
+        await offload(scheduler.prepare, req)
+    except (GenerationError, ValueError) as e:
+        raise ApiError(400, str(e)) from None
     try:
         scheduler.submit(req)
     except QueueFull:

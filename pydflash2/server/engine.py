@@ -24,7 +24,7 @@ from typing import Any
 import llama_cpp
 
 from .. import exactness
-from .._engine import EngineConfig, NativeEngine, exact_config
+from .._engine import EngineConfig, NativeEngine, PreparedSampling, exact_config
 from ..cpu_threads import default_threads
 from ..drafter import Drafter
 from ..exactness import ExactnessUnavailable
@@ -179,23 +179,35 @@ class BatchEngine:
 
     # ------------------------------------------------------------ slots
 
-    def start(self, slot: int, tokens: Sequence[int], *, temperature: float = 0.0, top_k: int = 0,
-              top_p: float = 1.0, min_p: float = 0.0, seed: int = 0, max_tokens: int = 0,
-              grammar: str | None = None, logit_bias: Mapping[int, float] | None = None,
-              presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repeat_penalty: float = 1.0,
-              repeat_last_n: int = 64, logprobs: int | None = None) -> None:
-        """Queues a request on an idle slot. The sampler chain and logprobs as for
-        Speculator.stream (pydflash2.sampling); a bad value (a grammar llama.cpp cannot
-        parse, a token id outside the vocabulary...) raises GenerationError (ValueError for
-        malformed Python values) and leaves the slot idle. max_tokens > 0: no step drafts
-        past that many tokens. logprobs N: logprobs(slot, committed) after each step."""
+    def prepare(self, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                seed: int = 0, max_tokens: int = 0, grammar: str | None = None,
+                logit_bias: Mapping[int, float] | None = None, presence_penalty: float = 0.0,
+                frequency_penalty: float = 0.0, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
+                logprobs: int | None = None) -> PreparedSampling:
+        """A request's sampler chain, made for start(): the grammar parsed and every value checked.
+        It reads only the loaded model, so any thread may call it while another steps the engine
+        (the server makes it on a worker thread: a long grammar parse then holds up only its own
+        request). The chain and logprobs as for Speculator.stream (pydflash2.sampling); a bad value
+        raises GenerationError (ValueError for malformed Python values). max_tokens > 0: no step
+        drafts past that many tokens. logprobs N: logprobs(slot, committed) after each step."""
         sampling = SamplingRequest(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, max_tokens=max_tokens,
             grammar=grammar, logit_bias=logit_bias, presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
             logprobs=logprobs)
-        self._native.start(slot, tokens, sampling)
-        self._n_logprobs[int(slot)] = sampling.n_logprobs
+        return PreparedSampling(self.llm._model.model, self.n_ctx, sampling)
+
+    def start(self, slot: int, tokens: Sequence[int], prepared: PreparedSampling | None = None,
+              **options: Any) -> None:
+        """Queues a request on an idle slot, with a chain from prepare() (which it takes), or made
+        now from prepare()'s keyword arguments. A bad value leaves the slot idle."""
+        if prepared is None:
+            prepared = self.prepare(**options)
+        elif options:
+            raise TypeError("start() takes a prepared chain or the options to make one, not both")
+        n_logprobs = prepared.n_logprobs
+        self._native.start(slot, tokens, prepared)
+        self._n_logprobs[int(slot)] = n_logprobs
 
     def logprobs(self, slot: int, committed: Sequence[int]) -> list[TokenLogprob]:
         """Logprobs of the tokens the last step() committed on `slot` (its list there), for a

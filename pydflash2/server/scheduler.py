@@ -77,6 +77,8 @@ class GenerationRequest:
     events: asyncio.Queue[str | Logprobs | Finished] = field(default_factory=asyncio.Queue)
     # keyword arguments of engine.start() beyond sampling (grammar, penalties, logit_bias, logprobs)
     engine_options: dict[str, Any] = field(default_factory=dict)
+    # the engine's sampler chain for it, made before submit() on a worker thread (Scheduler.prepare)
+    prepared: Any = None
     cancelled: bool = False
     t_arrival: float = field(default_factory=time.perf_counter)
     request_id: str | None = None
@@ -329,8 +331,8 @@ class Scheduler:
 
     def _admit(self) -> None:
         """Starts waiting requests on free slots. The lock is held only to take a request and to
-        add it to the active ones: engine.start() compiles the request's grammar (up to a second
-        for one at the limits), and /health, submit() and the handlers must not wait for that."""
+        add it to the active ones. A request's grammar was compiled before it came (prepare(), on
+        a worker thread: up to a second for one at the limits), so the step loop never waits for it."""
         free = [s for s in range(self.engine.n_slots) if s not in self._active]  # _active: this thread's
         while free:
             with self._cond:
@@ -343,12 +345,13 @@ class Scheduler:
                 with self._cond:
                     self._waiting.appendleft(req)
                 raise
-            s = req.sampling
             try:
                 cached = self.engine.cached_prefix(slot, req.prompt_tokens)
-                # max_tokens: no step drafts past the request's last token (rows verified there are thrown away)
-                self.engine.start(slot, req.prompt_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                  min_p=s.min_p, seed=s.seed, max_tokens=req.max_tokens, **req.engine_options)
+                if req.prepared is not None:  # its chain made on a worker thread (prepare)
+                    self.engine.start(slot, req.prompt_tokens, req.prepared)
+                    req.prepared = None
+                else:
+                    self.engine.start(slot, req.prompt_tokens, **self._start_options(req))
             except Exception as e:  # parameters the engine refuses (the handler checks them first): this request
                 self._reject(req, str(e), status=400)
                 continue
@@ -359,6 +362,19 @@ class Scheduler:
                 self._last_request[slot] = req.request_id or ""
         self.metrics.waiting.set(len(self._waiting))
         self.metrics.running.set(len(self._active))
+
+    @staticmethod
+    def _start_options(req: GenerationRequest) -> dict[str, Any]:
+        s = req.sampling
+        # max_tokens: no step drafts past the request's last token (rows verified there are thrown away)
+        return dict(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed,
+                    max_tokens=req.max_tokens, **req.engine_options)
+
+    def prepare(self, req: GenerationRequest) -> None:
+        """Makes the request's sampler chain (its grammar parsed) before submit(), on the caller's
+        thread: the step loop then never waits for a grammar (a slow one delays only its request).
+        A value the engine refuses raises here."""
+        req.prepared = self.engine.prepare(**self._start_options(req))
 
     def _pick_slot(self, free: list[int], prompt: list[int]) -> int:
         """The free slot that holds the longest prefix of the prompt (its K/V is reused: a

@@ -33,9 +33,9 @@ class FieldError(ValueError):
 
 
 def engine_features(engine: Any) -> frozenset[str]:
-    """The ENGINE_OPTIONS the engine's start() accepts. Logprobs also need a way
-    back: the engine's logprobs(slot, committed)."""
-    params = inspect.signature(engine.start).parameters
+    """The ENGINE_OPTIONS the engine's prepare() (the sampler chain start() takes) accepts.
+    Logprobs also need a way back: the engine's logprobs(slot, committed)."""
+    params = inspect.signature(engine.prepare).parameters
     names = {n for n in ENGINE_OPTIONS if n in params}
     if "logprobs" in names and not callable(getattr(engine, "logprobs", None)):
         names.discard("logprobs")

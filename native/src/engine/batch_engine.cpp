@@ -237,7 +237,20 @@ BatchEngine::Slot & BatchEngine::slot_at(int slot) {
 
 void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, const SamplingParams & sampling,
                         int32_t max_tokens) {
+    slot_at(slot);  // a bad index before the grammar is parsed
+    // validates every parameter (the grammar too) before the slot changes
+    start(slot, prompt, std::make_unique<TargetSampler>(sampling, target_.vocab(), opts_.n_ctx_slot), max_tokens);
+}
+
+void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, std::unique_ptr<TargetSampler> sampler,
+                        int32_t max_tokens) {
     Slot & s = slot_at(slot);
+    if (sampler == nullptr) {
+        throw Error("the sampler chain is NULL");
+    }
+    if (sampler->vocab() != target_.vocab() || sampler->n_ctx() != opts_.n_ctx_slot) {
+        throw Error("the sampler chain was made for another target or context size");
+    }
     if (max_tokens < 0) {
         throw Error("max_tokens must be >= 0 (0: no limit), got " + std::to_string(max_tokens));
     }
@@ -256,8 +269,6 @@ void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, const
             throw Error("token id " + std::to_string(t) + " is outside the target vocabulary");
         }
     }
-    // validates every parameter (the grammar too) before the slot changes
-    auto sampler = std::make_unique<TargetSampler>(sampling, target_.vocab(), opts_.n_ctx_slot);
     if (borrowed_) {
         // the owner may have decoded in its context since, and other engines may share it:
         // its taps are set for this engine again, and nothing it holds is trusted

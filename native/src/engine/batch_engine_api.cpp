@@ -131,36 +131,83 @@ extern "C" int pdf2_batch_engine_measure_costs(pdf2_batch_engine * e, int32_t sl
     });
 }
 
+namespace {
+
+pdf2::SamplingParams params_of(const pdf2_sampling * sampling) {
+    if (sampling == nullptr) {
+        throw pdf2::Error("sampling parameters are NULL");
+    }
+    const pdf2_sampling & in = *sampling;
+    pdf2::SamplingParams sp;
+    sp.temperature = in.temperature;
+    sp.top_k = in.top_k;
+    sp.top_p = in.top_p;
+    sp.min_p = in.min_p;
+    sp.seed = in.seed;
+    sp.repeat_penalty = in.repeat_penalty;
+    sp.frequency_penalty = in.frequency_penalty;
+    sp.presence_penalty = in.presence_penalty;
+    sp.repeat_last_n = in.repeat_last_n;
+    sp.grammar = in.grammar != nullptr ? in.grammar : "";
+    if (in.n_logit_bias < 0 || (in.n_logit_bias > 0 && (in.logit_bias_tokens == nullptr ||
+                                                          in.logit_bias_values == nullptr))) {
+        throw pdf2::Error("logit_bias arrays are NULL");
+    }
+    for (int32_t i = 0; i < in.n_logit_bias; ++i) {
+        sp.logit_bias.push_back(llama_logit_bias{in.logit_bias_tokens[i], in.logit_bias_values[i]});
+    }
+    sp.n_logprobs = in.n_logprobs;
+    return sp;
+}
+
+std::vector<llama_token> prompt_of(const int32_t * prompt, int32_t n_prompt) {
+    if (prompt == nullptr || n_prompt < 0) {
+        throw pdf2::Error("prompt is NULL");
+    }
+    return std::vector<llama_token>(prompt, prompt + n_prompt);
+}
+
+}  // namespace
+
+struct pdf2_prepared_sampling {
+    std::unique_ptr<pdf2::TargetSampler> sampler;
+    int32_t max_tokens = 0;
+};
+
 extern "C" int pdf2_batch_engine_start(pdf2_batch_engine * e, int32_t slot, const int32_t * prompt, int32_t n_prompt,
                                        const pdf2_sampling * sampling) {
     return pdf2::guarded<int>(-1, [&] {
-        if (prompt == nullptr || n_prompt < 0) {
-            throw pdf2::Error("prompt is NULL");
+        std::vector<llama_token> tokens = prompt_of(prompt, n_prompt);
+        get(e).start(slot, tokens, params_of(sampling), sampling->max_tokens);
+        return 0;
+    });
+}
+
+extern "C" pdf2_prepared_sampling * pdf2_prepare_sampling(void * target_model, int32_t n_ctx_slot,
+                                                          const pdf2_sampling * sampling) {
+    return pdf2::guarded<pdf2_prepared_sampling *>(nullptr, [&] {
+        if (target_model == nullptr) {
+            throw pdf2::Error("target model is NULL");
         }
-        if (sampling == nullptr) {
-            throw pdf2::Error("sampling parameters are NULL");
+        auto p = std::make_unique<pdf2_prepared_sampling>();
+        const llama_vocab * vocab = llama_model_get_vocab(static_cast<const llama_model *>(target_model));
+        p->sampler = std::make_unique<pdf2::TargetSampler>(params_of(sampling), vocab, n_ctx_slot);
+        p->max_tokens = sampling->max_tokens;
+        return p.release();
+    });
+}
+
+extern "C" void pdf2_prepared_sampling_free(pdf2_prepared_sampling * p) { delete p; }
+
+extern "C" int pdf2_batch_engine_start_prepared(pdf2_batch_engine * e, int32_t slot, const int32_t * prompt,
+                                                int32_t n_prompt, pdf2_prepared_sampling * prepared) {
+    std::unique_ptr<pdf2_prepared_sampling> owned(prepared);  // taken, whatever happens
+    return pdf2::guarded<int>(-1, [&] {
+        if (owned == nullptr || owned->sampler == nullptr) {
+            throw pdf2::Error("prepared sampling is NULL (or was used already)");
         }
-        const pdf2_sampling & in = *sampling;
-        pdf2::SamplingParams sp;
-        sp.temperature = in.temperature;
-        sp.top_k = in.top_k;
-        sp.top_p = in.top_p;
-        sp.min_p = in.min_p;
-        sp.seed = in.seed;
-        sp.repeat_penalty = in.repeat_penalty;
-        sp.frequency_penalty = in.frequency_penalty;
-        sp.presence_penalty = in.presence_penalty;
-        sp.repeat_last_n = in.repeat_last_n;
-        sp.grammar = in.grammar != nullptr ? in.grammar : "";
-        if (in.n_logit_bias < 0 || (in.n_logit_bias > 0 && (in.logit_bias_tokens == nullptr ||
-                                                              in.logit_bias_values == nullptr))) {
-            throw pdf2::Error("logit_bias arrays are NULL");
-        }
-        for (int32_t i = 0; i < in.n_logit_bias; ++i) {
-            sp.logit_bias.push_back(llama_logit_bias{in.logit_bias_tokens[i], in.logit_bias_values[i]});
-        }
-        sp.n_logprobs = in.n_logprobs;
-        get(e).start(slot, std::vector<llama_token>(prompt, prompt + n_prompt), sp, sampling->max_tokens);
+        std::vector<llama_token> tokens = prompt_of(prompt, n_prompt);
+        get(e).start(slot, tokens, std::move(owned->sampler), owned->max_tokens);
         return 0;
     });
 }

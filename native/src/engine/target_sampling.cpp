@@ -108,7 +108,7 @@ bool grammar_allows(llama_sampler * grammar, llama_token token) {
 }
 
 TargetSampler::TargetSampler(const SamplingParams & params, const llama_vocab * vocab, int32_t n_ctx)
-    : params_(params), n_vocab_(llama_vocab_n_tokens(vocab)), rng_(params.seed) {
+    : params_(params), vocab_(vocab), n_ctx_(n_ctx), n_vocab_(llama_vocab_n_tokens(vocab)), rng_(params.seed) {
     if (!(params.temperature >= 0.0f) || !finite(params.temperature)) {
         throw Error("temperature must be a finite number >= 0");
     }

@@ -81,6 +81,9 @@ class TargetSampler {
     TargetSampler & operator=(const TargetSampler &) = delete;
 
     const SamplingParams & params() const { return params_; }
+    // what it was made for: the target's vocabulary and the sequence's context
+    const llama_vocab * vocab() const { return vocab_; }
+    int32_t n_ctx() const { return n_ctx_; }
 
     // Greedy: the token plain greedy decoding picks from this row of target logits
     // (the argmax after logit bias, penalties and grammar).
@@ -106,6 +109,8 @@ class TargetSampler {
     void shape(const float * logits);  // cur_ = the logits after bias and penalties (id order kept)
 
     SamplingParams params_;
+    const llama_vocab * vocab_;
+    int32_t n_ctx_;
     int32_t n_vocab_;
     llama_sampler * shaping_ = nullptr;  // logit bias, penalties (null: neither)
     llama_sampler * grammar_ = nullptr;
