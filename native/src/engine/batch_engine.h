@@ -142,8 +142,8 @@ class BatchEngine {
     // thrown away; upstream caps its drafts the same way). <= 0: no cap.
     void start(int slot, const std::vector<llama_token> & prompt, const SamplingParams & sampling,
                int32_t max_tokens = 0);
-    // The same with a sampler chain built beforehand (make_sampler: on another thread, so that a
-    // long grammar parse never holds up the step loop). Takes it, also when it throws.
+    // The same with a sampler chain built beforehand (pdf2_prepare_sampling, on another thread, so
+    // that a long grammar parse never holds up the step loop). Takes it, also when it throws.
     void start(int slot, const std::vector<llama_token> & prompt, std::unique_ptr<TargetSampler> sampler,
                int32_t max_tokens = 0);
     // Frees a slot for the next request; a no-op on an idle slot. Its K/V

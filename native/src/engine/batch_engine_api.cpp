@@ -178,7 +178,8 @@ extern "C" int pdf2_batch_engine_start(pdf2_batch_engine * e, int32_t slot, cons
                                        const pdf2_sampling * sampling) {
     return pdf2::guarded<int>(-1, [&] {
         std::vector<llama_token> tokens = prompt_of(prompt, n_prompt);
-        get(e).start(slot, tokens, params_of(sampling), sampling->max_tokens);
+        const pdf2::SamplingParams params = params_of(sampling);  // checks sampling is not NULL first
+        get(e).start(slot, tokens, params, sampling->max_tokens);
         return 0;
     });
 }
@@ -189,9 +190,13 @@ extern "C" pdf2_prepared_sampling * pdf2_prepare_sampling(void * target_model, i
         if (target_model == nullptr) {
             throw pdf2::Error("target model is NULL");
         }
+        if (n_ctx_slot < 1) {
+            throw pdf2::Error("context per slot must be >= 1, got " + std::to_string(n_ctx_slot));
+        }
+        const pdf2::SamplingParams params = params_of(sampling);  // checks sampling is not NULL first
         auto p = std::make_unique<pdf2_prepared_sampling>();
         const llama_vocab * vocab = llama_model_get_vocab(static_cast<const llama_model *>(target_model));
-        p->sampler = std::make_unique<pdf2::TargetSampler>(params_of(sampling), vocab, n_ctx_slot);
+        p->sampler = std::make_unique<pdf2::TargetSampler>(params, vocab, n_ctx_slot);
         p->max_tokens = sampling->max_tokens;
         return p.release();
     });
