@@ -163,7 +163,10 @@ class Scheduler:
         self._thread.join(timeout=30)
 
     def submit(self, req: GenerationRequest) -> None:
-        """Queues a request; QueueFull when every slot is busy and max_queue wait already."""
+        """Queues a request whose sampler chain prepare() made; QueueFull when every slot is busy
+        and max_queue wait already."""
+        if req.prepared is None:
+            raise ValueError("prepare(req) first: the step loop starts requests with their chains made")
         with self._cond:
             if self.fatal is not None:
                 raise RuntimeError(self.fatal)
@@ -347,11 +350,8 @@ class Scheduler:
                 raise
             try:
                 cached = self.engine.cached_prefix(slot, req.prompt_tokens)
-                if req.prepared is not None:  # its chain made on a worker thread (prepare)
-                    self.engine.start(slot, req.prompt_tokens, req.prepared)
-                    req.prepared = None
-                else:
-                    self.engine.start(slot, req.prompt_tokens, **self._start_options(req))
+                prepared, req.prepared = req.prepared, None  # made on a worker thread (prepare); start takes it
+                self.engine.start(slot, req.prompt_tokens, prepared)
             except Exception as e:  # parameters the engine refuses (the handler checks them first): this request
                 self._reject(req, str(e), status=400)
                 continue
@@ -363,18 +363,14 @@ class Scheduler:
         self.metrics.waiting.set(len(self._waiting))
         self.metrics.running.set(len(self._active))
 
-    @staticmethod
-    def _start_options(req: GenerationRequest) -> dict[str, Any]:
-        s = req.sampling
-        # max_tokens: no step drafts past the request's last token (rows verified there are thrown away)
-        return dict(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed,
-                    max_tokens=req.max_tokens, **req.engine_options)
-
     def prepare(self, req: GenerationRequest) -> None:
         """Makes the request's sampler chain (its grammar parsed) before submit(), on the caller's
         thread: the step loop then never waits for a grammar (a slow one delays only its request).
         A value the engine refuses raises here."""
-        req.prepared = self.engine.prepare(**self._start_options(req))
+        s = req.sampling
+        # max_tokens: no step drafts past the request's last token (rows verified there are thrown away)
+        req.prepared = self.engine.prepare(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
+                                           seed=s.seed, max_tokens=req.max_tokens, **req.engine_options)
 
     def _pick_slot(self, free: list[int], prompt: list[int]) -> int:
         """The free slot that holds the longest prefix of the prompt (its K/V is reused: a
