@@ -21,6 +21,7 @@ import numpy as np
 
 from . import _native, draft_costs, exactness
 from ._native import ffi, lib
+from .context_drafts import context_drafts_spec, limits, mode_code
 from .draft_tree import tree_budget_spec
 from .drafter import SELECTORS as DRAFTER_SELECTORS
 from .drafter import Drafter
@@ -61,6 +62,7 @@ class EngineConfig:
     tree_budget: int = 0
     tree_auto: bool = False
     max_draft: int | None = None
+    context_nodes: int = 0  # > 0: context drafts may run, in trees of at most this many nodes
 
     @classmethod
     def of(cls, n_max: int | str, selector: str, tree_budget: int | str, *, drafting: bool) -> EngineConfig:
@@ -85,23 +87,39 @@ class EngineConfig:
             n_max = "block"
         return replace(self, n_max=n_max, tree_budget=nodes, tree_auto=auto)
 
+    def with_context(self, context_drafts: str) -> EngineConfig:
+        """This config with context drafts ("off", "request", "global": pydflash2.context_drafts)."""
+        return replace(self, context_nodes=0 if context_drafts_spec(context_drafts) == "off" else limits().max_nodes)
+
     @property
     def drafting(self) -> bool:
         return self.n_max != 0
 
     @property
-    def measure_costs(self) -> bool:
-        """Whether the cost model needs measured costs: adaptive chains, automatic trees."""
-        return (self.n_max == "auto" and not self.tree_budget) or self.tree_auto
+    def trees(self) -> bool:
+        """Whether steps may verify trees (the lattice's, or the context's): the target context then
+        needs a unified KV cache and target_sequences() sequences."""
+        return self.tree_budget > 0 or self.context_nodes > 0
 
-    def abi(self) -> tuple[int, int, int, int, int]:
-        """(n_max, max_draft, selector, q_top_k, tree_budget) as pdf2_batch_engine_new* take them:
-        n_max -1 adaptive, 255 the drafter's block (the engine caps it there); max_draft -1 no cap;
-        selector -1 auto; tree_budget < 0 automatic, at most -tree_budget."""
+    def target_sequences(self) -> int:
+        """Sequences per slot the target context needs: the slot's, and one per tree leaf."""
+        branches = max(self.tree_budget, limits().max_branches if self.context_nodes else 0)
+        return 1 + branches
+
+    @property
+    def measure_costs(self) -> bool:
+        """Whether the cost model needs measured costs: adaptive chains, automatic trees, and
+        context drafts (each step's tree is priced)."""
+        return (self.n_max == "auto" and not self.tree_budget) or self.tree_auto or self.context_nodes > 0
+
+    def abi(self) -> tuple[int, int, int, int, int, int]:
+        """(n_max, max_draft, selector, q_top_k, tree_budget, context_nodes) as pdf2_batch_engine_new*
+        take them: n_max -1 adaptive, 255 the drafter's block (the engine caps it there); max_draft -1
+        no cap; selector -1 auto; tree_budget < 0 automatic, at most -tree_budget."""
         n_max = {"auto": -1, "block": 255}.get(self.n_max, self.n_max)  # type: ignore[arg-type]
         selector = _AUTO_SELECTOR if self.selector == "auto" else DRAFTER_SELECTORS[self.selector]
         return (int(n_max), -1 if self.max_draft is None else self.max_draft, selector, Q_TOP_K,
-                -self.tree_budget if self.tree_auto else self.tree_budget)
+                -self.tree_budget if self.tree_auto else self.tree_budget, self.context_nodes)
 
 
 def exact_config(config: EngineConfig, invariance: Invariance, *, flash_attn: bool) -> EngineConfig:
@@ -111,9 +129,9 @@ def exact_config(config: EngineConfig, invariance: Invariance, *, flash_attn: bo
     (and an automatic tree) so that every verify batch stays at most invariance.max_batch rows."""
     if not invariance:
         raise ExactnessUnavailable(exactness.unavailable_message(invariance))
-    if not config.drafting:
+    if not config.drafting and not config.context_nodes:
         return config
-    if config.tree_budget and not flash_attn:
+    if config.trees and not flash_attn:
         raise ExactnessUnavailable(
             "a tree's rows are bit-identical to plain decoding only with flash attention, which exact mode "
             f"turns off over >= {exactness.FLASH_ATTN_SPLIT_KV} KV cells: use n_ctx < "
@@ -123,6 +141,8 @@ def exact_config(config: EngineConfig, invariance: Invariance, *, flash_attn: bo
     cap = invariance.max_batch - 1  # larger verify batches take other matmul kernels (exactness.py)
     if config.tree_auto:
         config = config.with_tree(min(config.tree_budget, cap))
+    if config.context_nodes > cap:
+        config = replace(config, context_nodes=cap)  # context trees stay in the invariant batch too
     if config.tree_budget > cap:
         raise ExactnessUnavailable(
             f"exact mode keeps verify batches at most {invariance.max_batch} rows with this target "
@@ -181,9 +201,11 @@ class NativeEngine:
         self.n_slots = n_slots
         self.max_draft = int(lib.pdf2_batch_engine_max_draft(self._h))
         self.max_verify_rows = int(lib.pdf2_batch_engine_max_verify_rows(self._h))
+        #: a step commits at most step_width + 1 tokens per slot (context paths go deeper than max_draft)
+        self.step_width = int(lib.pdf2_batch_engine_step_width(self._h))
         # step buffers, made once: the step runs per token
         self._counts = np.zeros(n_slots, dtype=np.int32)
-        self._tokens = np.zeros(n_slots * (self.max_draft + 1), dtype=np.int32)
+        self._tokens = np.zeros(n_slots * (self.step_width + 1), dtype=np.int32)
         self._counts_c = ffi.from_buffer("int32_t[]", self._counts)
         self._tokens_c = ffi.from_buffer("int32_t[]", self._tokens)
 
@@ -230,6 +252,17 @@ class NativeEngine:
         else:
             check(lib.pdf2_batch_engine_start(self._h, int(slot), buf, len(arr), sampling.struct), "start")
 
+    def set_context_drafts(self, slot: int, mode: str, key: str = "") -> None:
+        """Context drafts for the slot's next requests: "off", "request" or "global" (past outputs
+        under `key`, e.g. an API key). Needs an engine made with context drafts."""
+        check(lib.pdf2_batch_engine_set_context_drafts(self._h, int(slot), mode_code(mode), key.encode("utf-8")),
+              "set_context_drafts")
+
+    def set_context_cache_limits(self, *, max_keys: int, max_documents: int, max_tokens: int) -> None:
+        """Bounds of the global context cache (keys, and per key past outputs and their tokens); empties it."""
+        check(lib.pdf2_batch_engine_set_context_cache_limits(self._h, int(max_keys), int(max_documents),
+                                                             int(max_tokens)), "set_context_cache_limits")
+
     def stop(self, slot: int) -> None:
         """Frees the slot (a no-op when it is idle)."""
         check(lib.pdf2_batch_engine_stop(self._h, int(slot)), "stop")
@@ -244,7 +277,7 @@ class NativeEngine:
         ([] = nothing this step, e.g. idle or mid-prefill; None = context full)."""
         check(lib.pdf2_batch_engine_step(self._h, self._counts_c, self.n_slots, self._tokens_c,
                                          len(self._tokens)), "step")
-        width = self.max_draft + 1
+        width = self.step_width + 1
         return [None if c < 0 else self._tokens[s * width: s * width + c].tolist()
                 for s, c in enumerate(self._counts.tolist())]
 
@@ -287,7 +320,7 @@ class NativeEngine:
                            run: Callable[[Callable[[], Any]], Any] = lambda f: f()) -> dict[str, list[float]] | None:
         """When the config needs them: the costs cached for these files and this machine, or
         measured now (through run(measure)), given to the cost model. Returns them (None: not needed)."""
-        if not (self.config.measure_costs and self.max_draft > 0):
+        if not (self.config.measure_costs and (self.max_draft > 0 or self.config.context_nodes > 0)):
             return None
         key = draft_costs.cost_key(model_path, draft_path, device, n_threads, self.max_draft, lazy_head,
                                    self.max_verify_rows)

@@ -50,6 +50,9 @@ class BenchConfig:
     out_dir: Path = field(default_factory=lambda: Path("bench_out"))
     exact: bool = False  # refuse unless greedy output is bit-identical to plain decoding
     tree_budgets: list[int | str] = field(default_factory=lambda: [0])  # > 0: tree verification (every drafting n_max)
+    # "request"/"global": every configuration also with context drafts (pydflash2.context_drafts);
+    # n_max 0 with them: context drafts alone
+    context_drafts: list[str] = field(default_factory=lambda: ["off"])
 
 
 def run_bench(cfg: BenchConfig) -> int:
@@ -69,30 +72,33 @@ def run_bench(cfg: BenchConfig) -> int:
 
         add_rpc_servers(cfg.rpc_servers)  # before the target loads: it may offload to them
     trees = [0, *dict.fromkeys(t for t in cfg.tree_budgets if t != 0)] if cfg.draft else [0]
+    contexts = ["off", *dict.fromkeys(c for c in cfg.context_drafts if c != "off")]
     llm, _ = load_target(cfg.model, n_ctx=cfg.n_ctx, n_threads=cfg.n_threads, exact=cfg.exact,
-                         n_gpu_layers=cfg.n_gpu_layers, tree_budget=max(tree_budget_spec(t)[0] for t in trees))
-    # a configuration: (n_max, selector, tree budget); plain decoding has neither selector nor tree
-    specs: dict[tuple[Any, str, int | str], Speculator] = {}
-    for n_max, selector, tree in itertools.product(n_maxes, selectors, trees):
-        key = (n_max, "-", 0) if n_max == 0 else (n_max, selector, tree)
+                         n_gpu_layers=cfg.n_gpu_layers, tree_budget=max(tree_budget_spec(t)[0] for t in trees),
+                         context_drafts=contexts[-1])
+    # a configuration: (n_max, selector, tree budget, context drafts); plain decoding has no selector
+    # or tree (with context drafts: the context's drafts alone)
+    specs: dict[tuple[Any, str, int | str, str], Speculator] = {}
+    for n_max, selector, tree, ctx in itertools.product(n_maxes, selectors, trees, contexts):
+        key = (n_max, "-", 0, ctx) if n_max == 0 else (n_max, selector, tree, ctx)
         if key not in specs:
             specs[key] = Speculator(llm, cfg.draft if n_max != 0 else None, n_max=n_max, selector=selector,
-                                    device=cfg.device, exact=cfg.exact, tree_budget=key[2])
-    configs = [(n, sel, tree, t) for (n, sel, tree) in specs for t in temperatures]
-    runs: dict[tuple[Any, str, int, float], list[dict[str, Any]]] = defaultdict(list)
+                                    device=cfg.device, exact=cfg.exact, tree_budget=key[2], context_drafts=ctx)
+    configs = [(*key, t) for key in specs for t in temperatures]
+    runs: dict[tuple[Any, str, int | str, str, float], list[dict[str, Any]]] = defaultdict(list)
     for rep in range(cfg.repeats):
         for i, prompt in enumerate(prompts):
-            for n_max, sel, tree, temp in configs:
-                out = specs[(n_max, sel, tree)].generate(prompt, max_tokens=cfg.max_tokens,
-                                                         temperature=temp, seed=1000 * rep + i, chat=cfg.chat)
-                runs[(n_max, sel, tree, temp)].append(out.stats)
+            for n_max, sel, tree, ctx, temp in configs:
+                out = specs[(n_max, sel, tree, ctx)].generate(prompt, max_tokens=cfg.max_tokens,
+                                                              temperature=temp, seed=1000 * rep + i, chat=cfg.chat)
+                runs[(n_max, sel, tree, ctx, temp)].append(out.stats)
         print(f"repeat {rep + 1}/{cfg.repeats} done", file=sys.stderr)
     costs = {key: spec.costs for key, spec in specs.items()}  # the auto cost model's inputs, per configuration
     for spec in specs.values():
         spec.close()
 
     results = []
-    for (n_max, sel, tree, temp), stats in runs.items():
+    for (n_max, sel, tree, ctx, temp), stats in runs.items():
         tokens = sum(s["completion_tokens"] - 1 for s in stats)
         decode_s = sum(s["total_s"] - s["ttft_s"] for s in stats)
         steps = sum(s["n_steps"] for s in stats)
@@ -101,7 +107,7 @@ def run_bench(cfg: BenchConfig) -> int:
         accepted = np.sum([s["accepted_per_position"] for s in stats], axis=0) if width else []
         phases = {k: float(sum(s["phases"][k] for s in stats)) for k in stats[0]["phases"]}
         results.append({
-            "n_max": n_max, "selector": sel, "tree_budget": tree, "temperature": temp,
+            "n_max": n_max, "selector": sel, "tree_budget": tree, "context_drafts": ctx, "temperature": temp,
             "runs": len(stats),
             # where the time went, summed over the runs (seconds; n_steps: target forwards), and per step
             "phases": phases,
@@ -115,15 +121,19 @@ def run_bench(cfg: BenchConfig) -> int:
             "drafted_per_position": [int(x) for x in drafted],
             "accepted_per_position": [int(x) for x in accepted],
             "acceptance_per_position": [float(a) / d if d else None for a, d in zip(accepted, drafted, strict=True)],
+            # drafted tree nodes (chain drafts) and accepted ones, by source
+            **{k: int(sum(s[k] for s in stats)) for k in ("lattice_drafted", "lattice_accepted", "context_drafted",
+                                                           "context_accepted", "context_steps", "propose_skipped")},
         })
         if tree == "auto":  # the share of steps that verified a tree, and the model's latest view
             results[-1]["tree_steps"] = sum(s["n_tree_steps"] for s in stats)
             results[-1]["auto_decision"] = explain_tree_auto({**stats[-1], "n_steps": steps,
                                                               "n_tree_steps": results[-1]["tree_steps"]})
         elif n_max == "auto" and not tree:  # what auto decided over these runs, and why
-            results[-1]["auto_decision"] = explain_run(costs[(n_max, sel, tree)], results[-1])
+            results[-1]["auto_decision"] = explain_run(costs[(n_max, sel, tree, ctx)], results[-1])
     for r in results:
-        base = next(b for b in results if b["n_max"] == 0 and b["temperature"] == r["temperature"])
+        base = next(b for b in results if b["n_max"] == 0 and b["context_drafts"] == "off"
+                    and b["temperature"] == r["temperature"])
         r["speedup_vs_plain"] = r["tokens_per_second"] / base["tokens_per_second"]
 
     out_dir = cfg.out_dir
@@ -144,7 +154,8 @@ def run_bench(cfg: BenchConfig) -> int:
 
 def _label(r: dict[str, Any]) -> str:
     sel = "" if r["n_max"] == 0 else f" {r['selector']}" + (f" tree={r['tree_budget']}" if r["tree_budget"] else "")
-    return f"n_max={r['n_max']}{sel} T={r['temperature']:g}"
+    ctx = "" if r.get("context_drafts", "off") == "off" else f" ctx={r['context_drafts']}"
+    return f"n_max={r['n_max']}{sel}{ctx} T={r['temperature']:g}"
 
 
 def _print_table(results: list[dict[str, Any]]) -> None:

@@ -35,7 +35,7 @@ def cost_key(model_path: str, draft_path: str, device: str, n_threads: int, max_
     the verify runs the LM head lazily (Speculator), and the machine."""
     parts = [
         _file_id(model_path),
-        _file_id(draft_path),
+        _file_id(draft_path) if draft_path else "no-drafter",  # context drafts alone time verifies only
         device,
         str(n_threads),
         str(max_draft),

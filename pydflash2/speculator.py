@@ -116,8 +116,9 @@ class Speculator:
         capture: str = "auto",
         lazy_head: bool = True,
         tree_budget: int | str = 0,
+        context_drafts: str = "off",
     ) -> None:
-        config = EngineConfig.of(n_max, selector, tree_budget, drafting=draft is not None)
+        config = EngineConfig.of(n_max, selector, tree_budget, drafting=draft is not None).with_context(context_drafts)
         if rpc_servers:
             devices.add_rpc_servers(rpc_servers)  # before the target loads: it may offload to them
         if config.drafting:
@@ -137,21 +138,26 @@ class Speculator:
             self.llm, self.invariance = load_target(path, n_ctx=n_ctx, n_threads=n_threads, verbose=verbose,
                                                     exact=exact, flash_attn=flash_attn,
                                                     n_gpu_layers=n_gpu_layers, lazy_head=lazy_head,
-                                                    tree_budget=config.tree_budget)
+                                                    tree_budget=config.tree_budget, context_drafts=context_drafts)
         self.exact = exact
         self.n_max = n_max
         if config.tree_auto and not owns_llm:
             # a Llama of your own: automatic trees up to what its context was made for (load_target)
             config = config.with_tree(min(config.tree_budget, max(1, int(self.llm.context_params.n_seq_max) - 1)))
-        if config.tree_budget and not self.llm.context_params.kv_unified:
-            raise ValueError("tree verification needs a target context with a unified KV cache and 1 + tree_budget "
-                             "sequences: load the Llama with pydflash2.load_target(..., tree_budget=N)")
+        if config.trees and (not self.llm.context_params.kv_unified
+                             or int(self.llm.context_params.n_seq_max) < config.target_sequences()):
+            raise ValueError(f"tree verification (and context drafts) need a target context with a unified KV cache "
+                             f"and {config.target_sequences()} sequences: load the Llama with "
+                             "pydflash2.load_target(..., tree_budget=N, context_drafts=...)")
         self._flash_attn = self.llm.context_params.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
         if exact:
             config = exact_config(config, self.invariance, flash_attn=self._flash_attn)
         #: the largest tree a step verifies (0: the chain); with tree_auto, each step's is chosen
         self.tree_budget = config.tree_budget
         self.tree_auto = config.tree_auto
+        #: "off", "request" or "global" (pydflash2.context_drafts)
+        self.context_drafts = context_drafts
+        self._trees = config.trees
         self.selector = selector
         self.drafter: Drafter | None = None
         self.draft_path = None if draft is None else os.fspath(draft)
@@ -187,16 +193,18 @@ class Speculator:
             head_capture=head_capturing.capture if self.lazy_head and head_capturing is not None else None)
         self.max_draft = self._engine.max_draft
         self.max_verify_rows = self._engine.max_verify_rows
+        if config.context_nodes:
+            self._engine.set_context_drafts(0, context_drafts)  # "global": this Speculator's past outputs
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
         # per token id, memoized: one dict lookup per generated token instead of a C call each
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
         self.costs: dict[str, list[float]] | None = None
-        if self.drafter is not None:
-            assert self.draft_path is not None
+        if self.drafter is not None or config.context_nodes:
             self.llm.reset()  # the measurement decodes in the Llama's context
             self.costs = self._engine.use_measured_costs(
-                model_path=self.llm.model_path, draft_path=self.draft_path, device=self.drafter.device,
+                model_path=self.llm.model_path, draft_path=self.draft_path or "",
+                device=self.drafter.device if self.drafter is not None else "CPU",
                 n_threads=self.llm.context_params.n_threads, lazy_head=self.lazy_head,
                 tokenize=lambda b: self.llm.tokenize(b, add_bos=True, special=False), n_ctx=self.llm.n_ctx())
 
@@ -445,14 +453,15 @@ class Speculator:
             n_max="auto" if self.n_max == "auto" else int(self.n_max),
             tree_budget="auto" if self.tree_auto else self.tree_budget,
             tree_auto=e.get("tree_auto"),  # the automatic budget's model (engine-wide), else None
+            context_drafts=self.context_drafts,
             n_max_mean=float(np.dot(np.arange(len(hist)), hist) / max(1, sum(hist))),
             completion_tokens=n_tokens,
             ttft_s=ttft,
             total_s=elapsed,
             tokens_per_second=(n_tokens - 1) / decode_s if n_tokens > 1 else 0.0,
             # greedy output is plain decoding's, token for token
-            exact=greedy_is_exact(self.invariance, self.max_draft, self.max_verify_rows,
-                                  tree=self.tree_budget > 0, flash_attn=self._flash_attn),
+            exact=greedy_is_exact(self.invariance, self.max_verify_rows - 1, self.max_verify_rows,
+                                  tree=self._trees, flash_attn=self._flash_attn),
         )
         if "lazy_head_error" in e:
             s["lazy_head_error"] = e["lazy_head_error"]
@@ -470,6 +479,7 @@ def load_target(
     n_gpu_layers: int = 0,
     lazy_head: bool = True,
     tree_budget: int | str = 0,
+    context_drafts: str = "off",
 ) -> tuple[llama_cpp.Llama, exactness.Invariance]:
     """Loads a target GGUF the way the Speculator runs it, and says whether its
     forward is batch-invariant. exact=True checks the build first and raises
@@ -482,9 +492,11 @@ def load_target(
     only for the verify rows it reaches (see Speculator). tree_budget > 0: the
     context gets a unified KV cache and 1 + tree_budget sequences, what a
     Speculator's tree verification of that many nodes decodes in ("auto": of
-    draft_tree.AUTO_TREE_BUDGET nodes)."""
-    tree_budget, _ = tree_budget_spec(tree_budget)
-    flash_attn = exactness.flash_attn_for(n_ctx, exact, bool(tree_budget) if flash_attn is None else flash_attn)
+    draft_tree.AUTO_TREE_BUDGET nodes); context_drafts other than "off": the sequences of
+    its context trees as well (pydflash2.context_drafts)."""
+    nodes, auto = tree_budget_spec(tree_budget)
+    config = EngineConfig(n_max="auto", tree_budget=nodes, tree_auto=auto).with_context(context_drafts)
+    flash_attn = exactness.flash_attn_for(n_ctx, exact, config.trees if flash_attn is None else flash_attn)
     if exact:
         build = exactness.build_invariance()
         if not build:
@@ -498,9 +510,9 @@ def load_target(
     if exact and not inv:
         llm.close()
         raise ExactnessUnavailable(exactness.unavailable_message(inv))
-    if tree_budget > 0:
+    if config.trees:
         # a tree's branch sequences share the context's cells (a copy into a branch is metadata)
-        llm.context_params.n_seq_max = 1 + int(tree_budget)
+        llm.context_params.n_seq_max = config.target_sequences()
         llm.context_params.kv_unified = True
         if not lazy_head:  # with_lazy_head makes the new context below
             context = _internals.LlamaContext(model=llm._model, params=llm.context_params, verbose=verbose)

@@ -87,9 +87,13 @@ def drafter_cycles(drafter: str, target: str, device: str, seed: int, n_cycles: 
     return out
 
 
-def make_llm(target: str, placement: str, devices: list[str], tree_budget: int = 0) -> llama_cpp.Llama:
+def make_llm(target: str, placement: str, devices: list[str], tree_budget: int = 0,
+             context_drafts: str = "off") -> llama_cpp.Llama:
     """placement: "cpu"; a device name (whole model there); "split" (layers over every RPC device).
-    tree_budget > 0: a context for tree verification (as load_target makes it)."""
+    tree_budget > 0 or context drafts: a context for tree verification (as load_target makes it)."""
+    from pydflash2._engine import EngineConfig
+
+    config = EngineConfig(n_max="auto", tree_budget=tree_budget).with_context(context_drafts)
     kw: dict[str, Any] = {"n_gpu_layers": 0}
     if placement == "split":
         kw = {"n_gpu_layers": 99, "split_mode": llama_cpp.LLAMA_SPLIT_MODE_LAYER}
@@ -99,32 +103,35 @@ def make_llm(target: str, placement: str, devices: list[str], tree_budget: int =
     from pydflash2.speculator import with_lazy_head
 
     llm = llama_cpp.Llama(target, n_ctx=512, n_batch=512, n_threads=1, n_threads_batch=1, verbose=False,
-                          flash_attn=tree_budget > 0, **kw)
-    if tree_budget:  # the context with_lazy_head makes takes these
-        llm.context_params.n_seq_max = 1 + tree_budget
+                          flash_attn=config.trees, **kw)
+    if config.trees:  # the context with_lazy_head makes takes these
+        llm.context_params.n_seq_max = config.target_sequences()
         llm.context_params.kv_unified = True
     # with the lazy LM head: on a device placement its head runs on that device
     return with_lazy_head(llm)
 
 
 def speculate(target: str, drafter: str, placement: str, device: str, prompts: list[str], n_max: int,
-              max_tokens: int, devices: list[str], tree_budget: int = 0) -> dict[str, Any]:
+              max_tokens: int, devices: list[str], tree_budget: int = 0, context_drafts: str = "off") -> dict[str, Any]:
     """Greedy generations, a stream, a cancelled stream, and a sampled run of one configuration."""
     from pydflash2 import Speculator
 
-    llm = make_llm(target, placement, devices, tree_budget)
+    llm = make_llm(target, placement, devices, tree_budget, context_drafts)
     res: dict[str, Any] = {"plain": {p: greedy_generate(llm, p, max_tokens) for p in prompts}}
-    with Speculator(llm, drafter, n_max=n_max, device=device, tree_budget=tree_budget) as spec:
+    with Speculator(llm, drafter, n_max=n_max, device=device, tree_budget=tree_budget,
+                    context_drafts=context_drafts) as spec:
         res["drafter_device"] = spec.drafter.device if spec.drafter else None
         res["greedy"] = {}
-        drafted = accepted = lazy_rows = 0
+        drafted = accepted = lazy_rows = context_accepted = 0
         for p in prompts:
             c = spec.generate(p, max_tokens=max_tokens, chat=False)
             res["greedy"][p] = c.tokens
             drafted += sum(c.stats["drafted_per_position"])
             accepted += sum(c.stats["accepted_per_position"])
             lazy_rows += c.stats["lazy_head_rows"]
+            context_accepted += c.stats.get("context_accepted", 0)
         res["drafted"], res["accepted"], res["lazy_head_rows"] = drafted, accepted, lazy_rows
+        res["context_accepted"] = context_accepted
         res["stream"] = "".join(spec.stream(prompts[0], max_tokens=max_tokens, chat=False))
         gen = spec.stream(prompts[1], max_tokens=max_tokens, chat=False)
         next(gen)
@@ -346,6 +353,18 @@ def test_tree_verification_on_rpc_gives_the_cpu_tokens(rpc_servers, models) -> N
     assert 0 < res["accepted"] < res["drafted"]
     assert res["stream"] == cpu["stream"] and res["after_cancel"] == cpu["after_cancel"]
     assert res["sampled"] == cpu["sampled"]
+
+
+def test_context_drafts_on_rpc_give_the_cpu_tokens(rpc_servers, models) -> None:
+    """Context drafts merged with the lattice (issue 35), the drafter on RPC0: the CPU run's tokens."""
+    kw = dict(target=models["target"], drafter=models["v2"], prompts=[p + p for p in PROMPTS], n_max=4,
+              max_tokens=MAX_TOKENS, tree_budget=8, context_drafts="request")
+    res = run_client(rpc_servers, "speculate", placement="cpu", device="RPC0", **kw)["result"]
+    cpu = speculate(placement="cpu", device="CPU", devices=[], **kw)
+    assert res["drafter_device"] == "RPC0"
+    assert res["greedy"] == cpu["greedy"] == cpu["plain"]  # lossless, on either device
+    assert res["context_accepted"] == cpu["context_accepted"] > 0
+    assert res["stream"] == cpu["stream"] and res["sampled"] == cpu["sampled"]
 
 
 def test_stream_on_rpc_equals_cpu_generate(rpc_servers, models) -> None:

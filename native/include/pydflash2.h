@@ -128,6 +128,23 @@ int pdf2_draft_tree(const int32_t * candidates, const float * scores, int32_t n_
                     int32_t * n_nodes, int32_t * parent, int32_t * depth, int32_t * token, int32_t * cand,
                     double * logp);
 double pdf2_draft_tree_temperature(void);
+/* One tree from two draft sources (native/src/engine/merged_draft_tree.h): the
+ * lattice's nodes and the context's, each a trie (parent before child, -1 = under
+ * the anchor) with calibrated estimates p in [0, 1] and raw log-estimates;
+ * shared prefixes merge (the larger p), each p is capped by its parent's, and the
+ * best `budget` nodes of the union are taken best first with at most max_leaves
+ * leaves. Writes the nodes in that order (capacity: budget): parent, depth,
+ * token, origin (bit 1 lattice, bit 2 context) and log of the merged estimate.
+ * 0, or -1 (pdf2_last_error). */
+int pdf2_merge_draft_trees(const int32_t * lat_parent, const int32_t * lat_token, const double * lat_p,
+                           const double * lat_logp, int32_t n_lat, const int32_t * ctx_parent,
+                           const int32_t * ctx_token, const double * ctx_p, const double * ctx_logp,
+                           int32_t n_ctx, int32_t budget, int32_t max_leaves, int32_t * n_nodes,
+                           int32_t * parent, int32_t * depth, int32_t * token, uint8_t * origin,
+                           double * logp);
+/* Context drafts' limits: the most nodes and leaves of a context or merged tree
+ * (the node budget an engine's context_nodes asks for), and its deepest path. */
+void pdf2_context_draft_limits(int32_t * max_nodes, int32_t * max_branches, int32_t * max_depth);
 
 /* ---- Draft length: the cost model behind n_max = auto ----
  * For every draft count n = 0..n_draft (n_verify = n_draft + 1 verify costs, verify_s[B-1] for B rows;
@@ -176,13 +193,19 @@ int pdf2_grammar_check(const void * vocab, const char * gbnf);
  * n_slots x (1 + tree_budget) sequences (0..255; 0 = the chain). tree_budget
  * < 0: automatic, at most -tree_budget nodes: each step's budget (0 = the
  * chain) from the cost model, whose costs then include verifies of up to
- * -tree_budget + 1 rows (pdf2_batch_engine_max_verify_rows). */
+ * -tree_budget + 1 rows (pdf2_batch_engine_max_verify_rows). context_nodes > 0
+ * (0..255): drafts from the context may run (pdf2_batch_engine_set_context_drafts):
+ * what followed earlier occurrences of the sequence's suffix in its prompt and output
+ * (and past outputs), verified as a tree of at most context_nodes nodes and 8 leaves,
+ * alone or merged with the lattice's; the context then has n_slots x (1 + max(8,
+ * tree_budget)) sequences, and a step may commit up to 33 tokens per slot
+ * (pdf2_batch_engine_step_width). */
 typedef struct pdf2_batch_engine pdf2_batch_engine;
 
 pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_t n_slots, int32_t n_ctx_slot, int32_t n_threads,
                                           int32_t n_threads_batch, int32_t flash_attn, pdf2_drafter ** drafters, int32_t n_drafters,
                                           int32_t n_max, int32_t max_draft, int32_t selector, int32_t q_top_k,
-                                          int32_t tree_budget);
+                                          int32_t tree_budget, int32_t context_nodes);
 /* One slot in a context the caller owns (target_ctx: a llama_context *, e.g.
  * llama_cpp.Llama._ctx.ctx; its size and threads are the slot's). The owner may
  * decode there between requests: each start() claims the context again and
@@ -199,13 +222,24 @@ pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_t n_slots, 
 pdf2_batch_engine * pdf2_batch_engine_new_borrowed(void * target_ctx, struct pdf2_capture * feature_capture,
                                                    struct pdf2_capture * head_capture, pdf2_drafter * drafter,
                                                    int32_t n_max, int32_t max_draft, int32_t selector, int32_t q_top_k,
-                                                   int32_t tree_budget);
+                                                   int32_t tree_budget, int32_t context_nodes);
 /* Turns a borrowed context's layer-input taps off again; call while it lives. 0 / -1. */
 int pdf2_batch_engine_release_target(pdf2_batch_engine * e);
 /* Frees the engine (a borrowed context is not touched: it may be gone). */
 void pdf2_batch_engine_free(pdf2_batch_engine * e);
-/* Largest number of drafts one step may verify; a step commits at most this + 1 tokens per slot. */
+/* The drafter's block: the most drafts of a chain. */
 int32_t pdf2_batch_engine_max_draft(pdf2_batch_engine * e);
+/* A step commits at most this + 1 tokens per slot (max_draft, or a context path's depth). */
+int32_t pdf2_batch_engine_step_width(pdf2_batch_engine * e);
+/* Context drafts for the slot's next requests (engine made with context_nodes > 0):
+ * mode 0 off, 1 the request's own prompt and output, 2 also the past outputs of
+ * `key` (one cache per key, e.g. an API key, so that no key's outputs draft for
+ * another; NULL = ""). 0 / -1. */
+int pdf2_batch_engine_set_context_drafts(pdf2_batch_engine * e, int32_t slot, int32_t mode, const char * key);
+/* Bounds of the global context cache (defaults: 16 keys, per key 256 past outputs and 128K
+ * tokens): the least recently used key, and a key's oldest outputs, go first. Empties it. 0 / -1. */
+int pdf2_batch_engine_set_context_cache_limits(pdf2_batch_engine * e, int32_t max_keys, int32_t max_documents,
+                                               int64_t max_tokens);
 /* Rows of the largest verify the cost model prices: max_draft + 1, or an automatic tree's budget + 1. */
 int32_t pdf2_batch_engine_max_verify_rows(pdf2_batch_engine * e);
 /* Cost model for the adaptive draft length (and automatic tree budget): verify_s[B-1] = target
@@ -266,7 +300,7 @@ int32_t pdf2_batch_engine_cached_prefix(pdf2_batch_engine * e, int32_t slot, con
 /* Frees a slot; a no-op on an idle one. 0 / -1. */
 int pdf2_batch_engine_stop(pdf2_batch_engine * e, int32_t slot);
 /* One target decode for all busy slots. counts[n_slots]: tokens committed per
- * slot (0 none, -1 context full), tokens[n_slots][max_draft+1]. Returns the
+ * slot (0 none, -1 context full), tokens[n_slots][step_width+1]. Returns the
  * rows decoded (0 = every slot idle), -1 on failure. */
 int32_t pdf2_batch_engine_step(pdf2_batch_engine * e, int32_t * counts, int32_t n_counts, int32_t * tokens,
                                int32_t n_tokens);

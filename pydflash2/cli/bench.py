@@ -10,6 +10,7 @@ from .common import (
     add_exact_arg,
     add_model_args,
     parse_list,
+    parse_context_drafts,
     parse_n_max,
     parse_tree_budget,
     resolve_draft,
@@ -29,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tree-budget", default="0", metavar="N[,N...]",
                    help="comma list of tree budgets or auto: each > 0 runs every drafting --n-max with tree "
                         "verification of that many nodes (0 = the chain, default)")
+    p.add_argument("--context-drafts", default="off", metavar="MODE[,MODE...]",
+                   help="comma list of off, request, global: each mode other than off runs every configuration "
+                        "also with drafts from the context (with --n-max 0: context drafts alone)")
     p.add_argument("--temperature", default="0", help="comma list of temperatures")
     p.add_argument("--selector", default="auto", help="comma list of selectors")
     p.add_argument("--max-tokens", type=sampling_arg("max_tokens"), default=64)
@@ -55,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     temperatures = parse_list(args.temperature, sampling_arg("temperature"), "--temperature")
     tree_budgets = parse_list(args.tree_budget, parse_tree_budget, "--tree-budget")
     selectors = parse_list(args.selector, str, "--selector")
+    context_drafts = parse_list(args.context_drafts, parse_context_drafts, "--context-drafts")
     setup_devices(args)
     try:
         target = resolve_target(args.model)
@@ -66,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         model=str(target), draft=resolve_draft(args), prompts=prompts, n_maxes=n_maxes, temperatures=temperatures,
         selectors=selectors, max_tokens=args.max_tokens, repeats=args.repeats, chat=not args.raw,
         n_ctx=args.n_ctx, n_threads=args.threads, device=args.device, n_gpu_layers=args.n_gpu_layers,
-        out_dir=Path(args.out), exact=args.exact, tree_budgets=tree_budgets,
+        out_dir=Path(args.out), exact=args.exact, tree_budgets=tree_budgets, context_drafts=context_drafts,
     )
     from ..exactness import ExactnessUnavailable
 

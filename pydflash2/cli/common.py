@@ -62,6 +62,30 @@ TREE_BUDGET_HELP = ("verify a best-first tree of N drafted nodes over the DFlash
                     "price faster (it says what it chose)")
 
 
+def parse_context_drafts(value: str) -> str:
+    """off, request or global (the --context-drafts syntax)."""
+    from ..context_drafts import CONTEXT_DRAFTS
+
+    if value not in CONTEXT_DRAFTS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(CONTEXT_DRAFTS)}, got {value!r}")
+    return value
+
+
+def context_drafts_help(default: str) -> str:
+    return ("drafts from the context as well as from the drafter, merged with the DFlash2 lattice into one "
+            "verified tree: off; request (what followed earlier occurrences of the text's last tokens in this "
+            "prompt and output); global (also past outputs, per API key in the server). The cost model chooses "
+            f"each step between the drafter, the context and both (default: {default}; off with --exact, whose "
+            "trees need flash attention, which exact mode turns off over 512 KV cells)")
+
+
+def context_drafts_choice(args: argparse.Namespace, default: str) -> str:
+    """--context-drafts as given, else the default (off in exact mode: see context_drafts_help)."""
+    if args.context_drafts is not None:
+        return str(args.context_drafts)
+    return "off" if getattr(args, "exact", False) else default
+
+
 def parse_n_max(value: str) -> int | str:
     """'auto' or an int >= 0 (the --n-max syntax)."""
     if value == "auto":

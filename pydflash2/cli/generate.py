@@ -12,9 +12,12 @@ from .common import (
     add_exact_arg,
     add_flash_attn_arg,
     add_model_args,
+    context_drafts_help,
     check_kv_memory,
     check_run_args,
+    context_drafts_choice,
     flash_attn_choice,
+    parse_context_drafts,
     parse_n_max,
     parse_tree_budget,
     resolve_draft,
@@ -24,7 +27,8 @@ from .common import (
 
 NAME = "generate"
 
-STATS_KEYS = ("exact", "tau", "n_max", "tree_budget", "tokens_per_second", "ttft_s", "draft_s", "verify_s", "inject_s",
+STATS_KEYS = ("exact", "tau", "n_max", "tree_budget", "context_drafts", "lattice_drafted", "lattice_accepted",
+              "context_drafted", "context_accepted", "propose_skipped", "tokens_per_second", "ttft_s", "draft_s", "verify_s", "inject_s",
               "drafted_per_position", "accepted_per_position", "n_max_histogram", "total_s", "phases",
               "drafter_graph_builds")
 
@@ -46,6 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-max", type=parse_n_max, default="auto",
                    help="drafts per block: auto (default) or N (0 = plain)")
     p.add_argument("--tree-budget", type=parse_tree_budget, default=0, metavar="N", help=TREE_BUDGET_HELP)
+    p.add_argument("--context-drafts", type=parse_context_drafts, default=None, metavar="MODE",
+                   help=context_drafts_help("request"))
     p.add_argument("--selector", choices=["auto", "greedy", "sample", "viterbi"], default="auto",
                    help="the path selector through the DFlash2 lattice (auto: greedy at T=0, sampled otherwise)")
     p.add_argument("--raw", action="store_true",
@@ -70,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
             resolve_target(args.model), draft, n_ctx=args.n_ctx, n_threads=args.threads,
             n_max=args.n_max if draft else 0, selector=args.selector, device=args.device, exact=args.exact,
             n_gpu_layers=args.n_gpu_layers, flash_attn=flash_attn_choice(args.flash_attn),
-            tree_budget=args.tree_budget,
+            tree_budget=args.tree_budget, context_drafts=context_drafts_choice(args, "request"),
         )
     # NativeError: a bad drafter or a mismatched pair; ExactnessUnavailable: --exact on a variant build
     except (OSError, ValueError, NativeError, ExactnessUnavailable) as e:
@@ -103,7 +109,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"[{out.finish_reason}] {len(out.tokens)} tokens, {s['tokens_per_second']:.1f} tok/s, "
               f"tau {s['tau']:.2f}, ttft {s['ttft_s'] * 1000:.0f} ms, n_max {s['n_max']}, "
-              + (f"tree budget {s['tree_budget']}, " if s["tree_budget"] else "") +
+              + (f"tree budget {s['tree_budget']}, " if s["tree_budget"] else "")
+              + (f"context drafts {s['context_accepted']}/{s['context_drafted']} accepted "
+                 f"({s['propose_skipped']} steps without the drafter), " if s["context_drafted"] else "") +
               f"exact {'yes' if s['exact'] else 'no'}", file=sys.stderr)
     drafted, accepted = s["drafted_per_position"], s["accepted_per_position"]
     if not args.json and any(drafted):

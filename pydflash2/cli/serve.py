@@ -20,7 +20,10 @@ from .common import (
     add_model_args,
     check_kv_memory,
     check_run_args,
+    context_drafts_choice,
+    context_drafts_help,
     flash_attn_choice,
+    parse_context_drafts,
     parse_n_max,
     parse_tree_budget,
     resolve_draft,
@@ -43,6 +46,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-max", type=parse_n_max, default="auto",
                    help="drafts per block: auto (default) or N (0 = plain)")
     p.add_argument("--tree-budget", type=parse_tree_budget, default=0, metavar="N", help=TREE_BUDGET_HELP)
+    p.add_argument("--context-drafts", type=parse_context_drafts, default=None, metavar="MODE",
+                   help=context_drafts_help("global"))
     p.add_argument("--selector", choices=["auto", "greedy", "sample", "viterbi"], default="auto",
                    help="the path selector through the DFlash2 lattice (auto: greedy at T=0, sampled otherwise)")
     add_exact_arg(p, what=" whatever else is in the batch")
@@ -153,6 +158,7 @@ def run(args: argparse.Namespace, hooks: SchedulerHooks | None = None) -> int:
         return serve(ServerOptions(
             model=args.model, draft=draft, host=args.host, port=args.port, n_ctx=args.n_ctx,
             parallel=args.parallel, n_max=args.n_max if draft else 0, tree_budget=args.tree_budget,
+            context_drafts=_context_drafts(args),
             selector=args.selector,
             threads=args.threads, device=args.device, n_gpu_layers=args.n_gpu_layers,
             exact=args.exact, flash_attn=flash_attn_choice(args.flash_attn), api_keys=api_keys,
@@ -168,6 +174,19 @@ def run(args: argparse.Namespace, hooks: SchedulerHooks | None = None) -> int:
         ))
     except (OSError, ValueError, RuntimeError) as e:
         raise CliError(str(e)) from None
+
+
+def _context_drafts(args: argparse.Namespace) -> str:
+    """--context-drafts, by default global while llama.cpp has the sequences every slot's context trees
+    take (more slots: off, as asking for them says)."""
+    if args.context_drafts is None and not args.exact:
+        import llama_cpp
+
+        from ..context_drafts import limits
+
+        if args.parallel * (1 + limits().max_branches) > llama_cpp.llama_max_parallel_sequences():
+            return "off"
+    return context_drafts_choice(args, "global")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,7 +28,7 @@ from ..grammar_limits import GrammarLimits
 from ..sampling import random_seed
 from . import schemas, steering
 from .answers import Answer
-from .auth import key_matches
+from .auth import context_key, key_matches
 from .health import health as health_status
 from .scheduler import Finished, GenerationRequest, Logprobs, QueueFull, Sampling, Scheduler
 from .template_routes import add_template_routes
@@ -327,6 +327,7 @@ async def _submit(scheduler: Scheduler, request: Request, body: schemas._Samplin
     arrival = _arrival(request)
     req.t_arrival = arrival
     req.request_id = getattr(request.state, "request_id", None)
+    req.context_key = context_key(request.headers.get("authorization", ""))
     if config.request_timeout_s:
         req.deadline = arrival + config.request_timeout_s
     if config.queue_timeout_s:

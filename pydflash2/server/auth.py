@@ -6,6 +6,7 @@ logged: an auth failure logs who asked for what and why it failed, not the key."
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import logging
@@ -45,6 +46,15 @@ def key_matches(authorization: str, keys: tuple[str, ...]) -> bool:
     for key in keys:
         ok |= hmac.compare_digest(given_b, key.encode("utf-8"))
     return ok and scheme.lower() == "bearer"
+
+
+def context_key(authorization: str) -> str:
+    """Whose past outputs may draft for a request (the global context cache, pydflash2.context_drafts):
+    a digest of its bearer token, so that one key's outputs never draft for another; "" without one."""
+    scheme, _, given = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        return ""
+    return hashlib.sha256(given.strip().encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def is_loopback(host: str) -> bool:

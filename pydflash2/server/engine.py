@@ -74,23 +74,28 @@ class BatchEngine:
         verbose: bool = False,
         tree_budget: int | str = 0,
         exact: bool = False,
+        context_drafts: str = "off",
     ) -> None:
-        config = EngineConfig.of(n_max, selector, tree_budget, drafting=draft is not None)
+        config = EngineConfig.of(n_max, selector, tree_budget, drafting=draft is not None).with_context(context_drafts)
+        max_sequences = llama_cpp.llama_max_parallel_sequences()
         if config.tree_auto:  # every slot's branches need sequences of their own
-            config = config.with_tree(max(1, min(config.tree_budget,
-                                                 llama_cpp.llama_max_parallel_sequences() // max(1, n_slots) - 1)))
+            config = config.with_tree(max(1, min(config.tree_budget, max_sequences // max(1, n_slots) - 1)))
+        if config.context_nodes and n_slots * config.target_sequences() > max_sequences:
+            raise ValueError(f"context drafts need {config.target_sequences()} sequences per slot and llama.cpp allows "
+                             f"{max_sequences} in all: use at most {max_sequences // config.target_sequences()} slots "
+                             "(--parallel), or --context-drafts off")
         path = Path(model)
         if not path.is_file():
             raise FileNotFoundError(f"target model not found: {path}")
         if draft is not None and not Path(draft).is_file():
             raise FileNotFoundError(f"drafter not found: {draft}")
-        kv_cells = n_ctx * (n_slots if config.tree_budget else 1)  # a tree's unified cache: every slot's cells
+        kv_cells = n_ctx * (n_slots if config.trees else 1)  # a tree's unified cache: every slot's cells
         if exact:  # before anything loads, as Speculator(exact=True)
             build = exactness.build_invariance()
             if not build:
                 raise ExactnessUnavailable(exactness.unavailable_message(build))
             # as load_target: off, but on with a tree; off where it would split a token's keys
-            wanted = bool(config.tree_budget) if flash_attn is None else flash_attn
+            wanted = config.trees if flash_attn is None else flash_attn
             flash_attn = exactness.flash_attn_for(kv_cells, True, wanted)
         # One thread count for every decode. llama-cpp-python's defaults (cpu_count // 2 for one-row decodes,
         # cpu_count for batches) would run our verify batches on every core: on a machine with other work,
@@ -126,15 +131,17 @@ class BatchEngine:
             self._ready_drafters()
         self.tree_budget = config.tree_budget
         self.tree_auto = config.tree_auto
+        #: "off", "request" or "global" (pydflash2.context_drafts): every request's, under its key
+        self.context_drafts = context_drafts if config.context_nodes else "off"
         self._native = self._new_native()
         self.max_draft = self._native.max_draft
         self.max_verify_rows = self._native.max_verify_rows
         self._n_logprobs: dict[int, int] = {}  # per slot: its request's logprobs count (-1: none)
         self.costs: dict[str, list[float]] | None = None
-        if self.drafters:
-            assert draft is not None
+        if self.drafters or config.context_nodes:
             self.costs = self._native.use_measured_costs(
-                model_path=self.model_path, draft_path=os.fspath(draft), device=self.drafters[0].device,
+                model_path=self.model_path, draft_path=os.fspath(draft) if draft is not None else "",
+                device=self.drafters[0].device if self.drafters else "CPU",
                 n_threads=threads, lazy_head=False,
                 tokenize=lambda b: self.llm.tokenize(b, add_bos=True, special=False), n_ctx=self.n_ctx,
                 run=_on_own_thread)
@@ -197,14 +204,17 @@ class BatchEngine:
             logprobs=logprobs)
         return PreparedSampling(self.llm._model.model, self.n_ctx, sampling)
 
-    def start(self, slot: int, tokens: Sequence[int], prepared: PreparedSampling | None = None,
-              **options: Any) -> None:
+    def start(self, slot: int, tokens: Sequence[int], prepared: PreparedSampling | None = None, *,
+              context_key: str = "", **options: Any) -> None:
         """Queues a request on an idle slot, with a chain from prepare() (which it takes), or made
-        now from prepare()'s keyword arguments. A bad value leaves the slot idle."""
+        now from prepare()'s keyword arguments. A bad value leaves the slot idle. context_key: whose
+        past outputs draft for it (context_drafts "global": one cache per key)."""
         if prepared is None:
             prepared = self.prepare(**options)
         elif options:
             raise TypeError("start() takes a prepared chain or the options to make one, not both")
+        if self.context_drafts != "off":
+            self._native.set_context_drafts(slot, self.context_drafts, context_key)
         n_logprobs = prepared.n_logprobs
         self._native.start(slot, tokens, prepared)
         self._n_logprobs[int(slot)] = n_logprobs
@@ -232,6 +242,10 @@ class BatchEngine:
 
     def stats(self) -> dict[str, Any]:
         return self._native.stats()
+
+    def set_context_cache_limits(self, *, max_keys: int, max_documents: int, max_tokens: int) -> None:
+        """Bounds of the global context cache (pydflash2.context_drafts); empties it."""
+        self._native.set_context_cache_limits(max_keys=max_keys, max_documents=max_documents, max_tokens=max_tokens)
 
     def slot_stats(self, slot: int) -> dict[str, Any]:
         """The counters of the slot's current or last request (drafted and accepted per position...)."""

@@ -39,6 +39,7 @@ class ServerOptions:
     parallel: int = 1
     n_max: int | str = "auto"
     tree_budget: int | str = 0  # > 0: each slot verifies a best-first tree of this many drafted nodes; "auto"
+    context_drafts: str = "global"  # pydflash2.context_drafts: off, request, global (past outputs per API key)
     selector: str = "auto"
     threads: int | None = None
     device: str | None = None
@@ -83,10 +84,12 @@ def load(opts: ServerOptions) -> Loaded:
     model_path = resolve_target(opts.model)
     # flash attention as --flash-attn asks: off (llama-cpp-python's default), but on with a tree budget;
     # --exact: the engine's checks and caps are Speculator(exact=True)'s (pydflash2._engine.exact_config)
-    flash_attn = bool(opts.tree_budget) if opts.flash_attn is None else opts.flash_attn
+    trees = bool(opts.tree_budget) or opts.context_drafts != "off"  # context drafts verify trees too
+    flash_attn = trees if opts.flash_attn is None else opts.flash_attn
     engine = BatchEngine(model_path, opts.draft, n_slots=opts.parallel, n_ctx=opts.n_ctx, n_threads=opts.threads,
                          n_max=opts.n_max, selector=opts.selector, device=opts.device, n_gpu_layers=opts.n_gpu_layers,
-                         flash_attn=flash_attn, tree_budget=opts.tree_budget, exact=opts.exact)
+                         flash_attn=flash_attn, tree_budget=opts.tree_budget, exact=opts.exact,
+                         context_drafts=opts.context_drafts)
     llm = engine.llm
     vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
     model_id = opts.model_alias or Path(model_path).stem

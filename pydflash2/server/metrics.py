@@ -110,6 +110,18 @@ class ServerMetrics:
         self.slots.set(n_slots)
         for pos in range(max_draft):
             self._per_pos(pos)  # export zeros: the dashboard sees every position
+        # drafts by source (context drafts, pydflash2.context_drafts): a node both sources proposed counts for both
+        self.source_drafted = Counter(p + "spec_decode_num_draft_tokens_by_source",
+                                      "Drafted tokens verified, by source (lattice: the drafter; context)",
+                                      ["source"], registry=r)
+        self.source_accepted = Counter(p + "spec_decode_num_accepted_tokens_by_source",
+                                       "Drafted tokens accepted, by source", ["source"], registry=r)
+        self.propose_skipped = Counter(p + "spec_decode_propose_skipped",
+                                       "Steps that verified context drafts alone, without the drafter's propose",
+                                       registry=r)
+        self.context_cache_tokens = Gauge(p + "context_cache_tokens",
+                                          "Tokens of past outputs in the global context cache (all API keys)",
+                                          registry=r)
         for status in ("success", "aborted", "rejected", "invalid", "error"):
             self.requests.labels(status=status)
         self._last: dict[str, Any] | None = None
@@ -134,6 +146,16 @@ class ServerMetrics:
             delta = stats[key] - last[key]
             if delta > 0:
                 counter.inc(delta)
+        now_ctx, last_ctx = stats.get("context"), last.get("context")
+        if now_ctx is not None and last_ctx is not None:
+            for source in ("lattice", "context"):
+                for counter, suffix in ((self.source_drafted, "_nodes"), (self.source_accepted, "_accepted")):
+                    delta = now_ctx[source + suffix] - last_ctx[source + suffix]
+                    if delta > 0:
+                        counter.labels(source=source).inc(delta)
+            if now_ctx["propose_skipped"] > last_ctx["propose_skipped"]:
+                self.propose_skipped.inc(now_ctx["propose_skipped"] - last_ctx["propose_skipped"])
+            self.context_cache_tokens.set(now_ctx["cache_tokens"])
         for pos, (now, before) in enumerate(zip(stats["accepted_per_position"], last["accepted_per_position"],
                                                 strict=True)):
             if now > before:

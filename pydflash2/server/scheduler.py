@@ -79,6 +79,8 @@ class GenerationRequest:
     engine_options: dict[str, Any] = field(default_factory=dict)
     # the engine's sampler chain for it, made before submit() on a worker thread (Scheduler.prepare)
     prepared: Any = None
+    # whose past outputs may draft for it (the global context cache): a digest of its API key
+    context_key: str = ""
     cancelled: bool = False
     t_arrival: float = field(default_factory=time.perf_counter)
     request_id: str | None = None
@@ -351,7 +353,7 @@ class Scheduler:
             try:
                 cached = self.engine.cached_prefix(slot, req.prompt_tokens)
                 prepared, req.prepared = req.prepared, None  # made on a worker thread (prepare); start takes it
-                self.engine.start(slot, req.prompt_tokens, prepared)
+                self.engine.start(slot, req.prompt_tokens, prepared, context_key=req.context_key)
             except Exception as e:  # parameters the engine refuses (the handler checks them first): this request
                 self._reject(req, str(e), status=400)
                 continue

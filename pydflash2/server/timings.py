@@ -61,4 +61,8 @@ def timings(clock: RequestClock, t_end: float, n_predicted: int,
             out["draft_n_accepted"] = int(sum(slot_stats.get("accepted_per_position", [])))
     elif accepted:
         out["draft_n_accepted"] = accepted
+    if slot_stats is not None and slot_stats.get("context_drafted", 0):
+        # drafts by source: the drafter's lattice and the context (a node both proposed counts for both)
+        for key in ("lattice_drafted", "lattice_accepted", "context_drafted", "context_accepted", "propose_skipped"):
+            out[key] = int(slot_stats[key])
     return out

@@ -53,7 +53,7 @@ void BatchEngine::add_tree_rows(int idx, Slot & s) {
     s.rows.node_branch.assign(static_cast<size_t>(n), -1);
     for (int leaf = 0; leaf < n; ++leaf) {
         if (has_child[static_cast<size_t>(leaf)]) continue;
-        const int32_t b = n_slots() + idx * opts_.tree_budget + static_cast<int32_t>(s.rows.branches.size());
+        const int32_t b = n_slots() + idx * tree_branches_ + static_cast<int32_t>(s.rows.branches.size());
         s.rows.branches.push_back(b);
         for (int v = leaf; v >= 0; v = t.parent[static_cast<size_t>(v)]) {
             seqs[static_cast<size_t>(v)].push_back(b);

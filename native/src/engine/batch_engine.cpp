@@ -18,8 +18,20 @@ using Clock = std::chrono::steady_clock;
 constexpr int MAX_SLOTS = 64;
 constexpr uint32_t BATCH_ROWS = 512;
 constexpr int MAX_TREE_BUDGET = 255;
+// The global context cache's default bounds: its index takes about 200 bytes a token (n-grams of
+// 1..12 tokens), so at most 16 keys x 128K tokens, about 400 MB, however many keys call.
+constexpr size_t CONTEXT_CACHE_KEYS = 16;
+constexpr int CONTEXT_CACHE_DOCUMENTS = 256;
+constexpr size_t CONTEXT_CACHE_TOKENS = size_t{1} << 17;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// A slot's tree rows: the lattice tree's nodes, or a context or merged tree's.
+int tree_rows(const BatchEngineOptions & o) { return std::max(o.tree_budget, o.context_nodes); }
+// ... and its branch sequences (one per leaf): a merged tree keeps to kContextBranches leaves.
+int tree_branches(const BatchEngineOptions & o) {
+    return std::max(o.tree_budget, o.context_nodes > 0 ? kContextBranches : 0);
+}
 
 // capture: installed as the graph evaluation callback (targets without layer-input taps), or null
 llama_context * make_context(llama_model * model, const BatchEngineOptions & o, CallbackCapture * capture) {
@@ -33,7 +45,8 @@ llama_context * make_context(llama_model * model, const BatchEngineOptions & o, 
         throw Error("context per slot must be at least 32 tokens, got " + std::to_string(o.n_ctx_slot));
     }
     // a tree's rows take cells beyond its slot's positions (siblings share a position) until its verify
-    const int64_t total = (static_cast<int64_t>(o.n_ctx_slot) + (o.tree_budget > 0 ? o.tree_budget + 1 : 0)) * o.n_slots;
+    const int rows = tree_rows(o);
+    const int64_t total = (static_cast<int64_t>(o.n_ctx_slot) + (rows > 0 ? rows + 1 : 0)) * o.n_slots;
     if (total > (int64_t{1} << 24)) {
         throw Error("context per slot x slots = " + std::to_string(total) + " tokens is too large");
     }
@@ -47,10 +60,10 @@ llama_context * make_context(llama_model * model, const BatchEngineOptions & o, 
     // the same order whatever the other slots hold (a unified cache
     // interleaves the slots' cells and changes the SIMD grouping).
     p.kv_unified = false;
-    if (o.tree_budget > 0) {
+    if (rows > 0) {
         // a tree's branch sequences share the slot's cells: one stream for all (a copy of the
         // context into a branch is then metadata only), and a sequence per branch
-        const int64_t n_seq = static_cast<int64_t>(o.n_slots) * (1 + o.tree_budget);
+        const int64_t n_seq = static_cast<int64_t>(o.n_slots) * (1 + tree_branches(o));
         if (n_seq > static_cast<int64_t>(llama_max_parallel_sequences())) {
             throw Error("tree verification needs slots x (1 + tree budget) = " + std::to_string(n_seq) +
                         " sequences, llama.cpp allows " + std::to_string(llama_max_parallel_sequences()));
@@ -94,9 +107,10 @@ BatchEngineOptions borrowed_options(const BorrowedTarget & t, BatchEngineOptions
     }
     o.n_slots = 1;
     o.n_ctx_slot = static_cast<int32_t>(llama_n_ctx(t.ctx));
-    if (o.tree_budget > 0 && static_cast<int64_t>(llama_n_seq_max(t.ctx)) < 1 + static_cast<int64_t>(o.tree_budget)) {
-        throw Error("tree verification of " + std::to_string(o.tree_budget) + " nodes needs a target context with " +
-                    std::to_string(1 + o.tree_budget) + " sequences and a unified KV cache, this one has " +
+    const int branches = tree_branches(o);
+    if (branches > 0 && static_cast<int64_t>(llama_n_seq_max(t.ctx)) < 1 + static_cast<int64_t>(branches)) {
+        throw Error("tree verification of " + std::to_string(branches) + " branches needs a target context with " +
+                    std::to_string(1 + branches) + " sequences and a unified KV cache, this one has " +
                     std::to_string(llama_n_seq_max(t.ctx)) + " (load_target(..., tree_budget=...) makes one)");
     }
     o.n_threads = llama_n_threads(t.ctx);
@@ -135,6 +149,11 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
         throw Error("tree budget must be in 0.." + std::to_string(MAX_TREE_BUDGET) + ", got " +
                     std::to_string(opts.tree_budget));
     }
+    if (opts.context_nodes < 0 || opts.context_nodes > MAX_TREE_BUDGET) {
+        throw Error("context tree nodes must be in 0.." + std::to_string(MAX_TREE_BUDGET) + ", got " +
+                    std::to_string(opts.context_nodes));
+    }
+    tree_branches_ = tree_branches(opts);
     slots_.resize(static_cast<size_t>(opts.n_slots));
     if (opts.drafts()) {
         init_drafters(drafters, has_head);
@@ -151,12 +170,19 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
     batch_cap_ = target_.n_batch();
     const llama_model * model = llama_get_model(ctx_.ctx);
     // (a unified cache, as trees take, splits a batch in row order whatever its sequences)
-    fill_gaps_ = !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model) && opts.tree_budget == 0;
+    fill_gaps_ = !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model) && tree_branches_ == 0;
     if (batch_cap_ < opts.n_slots) {
         throw Error("target batch (" + std::to_string(batch_cap_) + " rows) is smaller than the number of slots");
     }
-    batch_ = llama_batch_init(batch_cap_, 0, std::max(1, opts.tree_budget));  // a tree's anchor is in every branch
-    stats_.accepted_per_pos.assign(static_cast<size_t>(max_draft_), 0);
+    batch_ = llama_batch_init(batch_cap_, 0, std::max(1, tree_branches_));  // a tree's anchor is in every branch
+    // context paths may go deeper than the drafter's block
+    step_width_ = std::max(max_draft_, opts.context_nodes > 0 ? kContextMaxDepth : 0);
+    stats_.accepted_per_pos.assign(static_cast<size_t>(step_width_), 0);
+    stats_.context_accepted_per_pos.assign(static_cast<size_t>(step_width_), 0);
+    if (opts.context_nodes > 0) {
+        for (Slot & s : slots_) s.drafting.context = std::make_unique<ContextDraftSource>(context_calibration_);
+        set_context_cache_limits(CONTEXT_CACHE_KEYS, CONTEXT_CACHE_DOCUMENTS, CONTEXT_CACHE_TOKENS);
+    }
     if (feed_drafters_) {
         // feature rows are copied at every step and prompt chunk: buffers of their largest size
         // from the start (address space only until used), so that requests of varying lengths
@@ -286,12 +312,39 @@ void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, std::
     s.request.stats = SlotStats{};
     s.request.stats.n_prompt = static_cast<int64_t>(prompt.size());
     s.request.stats.n_reused = keep;
-    s.request.stats.drafted.assign(static_cast<size_t>(max_draft_), 0);
-    s.request.stats.accepted.assign(static_cast<size_t>(max_draft_), 0);
+    s.request.stats.drafted.assign(static_cast<size_t>(step_width_), 0);
+    s.request.stats.accepted.assign(static_cast<size_t>(step_width_), 0);
     s.request.stats.n_max_used.assign(static_cast<size_t>(max_draft_) + 1, 0);
     stats_.n_prompt_reused += keep;
     s.drafting.policy = shared_policy_;  // the costs, and the acceptance seen so far
+    if (s.drafting.context != nullptr) {
+        if (s.context_mode == ContextDrafts::Off) {
+            s.drafting.context->finish();
+        } else {
+            s.drafting.context->start(prompt, s.context_mode == ContextDrafts::Global ? &context_caches_ : nullptr,
+                                      s.context_key);
+        }
+    }
     s.state = State::Prefill;
+}
+
+void BatchEngine::set_context_cache_limits(size_t max_keys, int max_documents, size_t max_tokens) {
+    if (max_keys < 1 || max_documents < 1 || max_tokens < 1) {
+        throw Error("context cache limits must be >= 1");
+    }
+    ContextCacheOptions o = context_caches_.options();
+    o.max_documents = max_documents;
+    o.max_tokens = max_tokens;
+    context_caches_ = ContextCaches(o, max_keys);  // slots look their key up at each use
+}
+
+void BatchEngine::set_context_drafts(int slot, ContextDrafts mode, const std::string & key) {
+    Slot & s = slot_at(slot);
+    if (mode != ContextDrafts::Off && opts_.context_nodes == 0) {
+        throw Error("context drafts are off in this engine (it was made without context_nodes)");
+    }
+    s.context_mode = mode;
+    s.context_key = key;
 }
 
 void BatchEngine::stop(int slot) {
@@ -305,6 +358,7 @@ void BatchEngine::stop(int slot) {
     s.seq.pending.clear();
     s.seq.history.resize(static_cast<size_t>(std::min<int32_t>(held, static_cast<int32_t>(s.seq.history.size()))));
     s.state = State::Idle;
+    if (s.drafting.context != nullptr) s.drafting.context->finish();  // its output joins the global cache
     s.request.prompt.clear();
     s.request.sampler.reset();
 }
@@ -387,7 +441,7 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
         ~AddStepTime() { total += seconds_since(t0); }
     } add_step_time{stats_.step_s, Clock::now()};
     counts.assign(slots_.size(), 0);
-    tokens.assign(slots_.size() * (static_cast<size_t>(max_draft_) + 1), -1);
+    tokens.assign(slots_.size() * (static_cast<size_t>(step_width_) + 1), -1);
     for (Slot & s : slots_) {
         s.request.n_logprobs = 0;
     }
@@ -426,9 +480,10 @@ void BatchEngine::commit_tokens(int idx, Slot & s, const std::vector<llama_token
     const int k = static_cast<int>(accepted.size());
     s.seq.history.push_back(s.seq.anchor);
     s.seq.history.insert(s.seq.history.end(), accepted.begin(), accepted.end());
-    llama_token * out = tokens.data() + static_cast<size_t>(idx) * (static_cast<size_t>(max_draft_) + 1);
+    llama_token * out = tokens.data() + static_cast<size_t>(idx) * (static_cast<size_t>(step_width_) + 1);
     std::copy(accepted.begin(), accepted.end(), out);
     out[k] = next;
+    if (s.drafting.context != nullptr) s.drafting.context->commit(out, static_cast<size_t>(k) + 1);
     counts[static_cast<size_t>(idx)] = k + 1;
     stats_.n_generated += k + 1;
     s.request.stats.n_generated += k + 1;
@@ -459,6 +514,10 @@ void BatchEngine::commit_chain(int idx, Slot & s, std::vector<int32_t> & counts,
     s.request.stats.n_max_used[static_cast<size_t>(n)] += 1;
     if (n > 0) {
         record_drafted_step(s, n, n, k);
+        stats_.n_lattice_nodes += n;
+        stats_.n_lattice_accepted += k;
+        s.request.stats.n_lattice_nodes += n;
+        s.request.stats.n_lattice_accepted += k;
         s.drafting.policy.observe(n, k);
         shared_policy_.observe(n, k);
     }
@@ -529,7 +588,11 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
     const int depth = *std::max_element(t.depth.begin(), t.depth.end());
     st.n_max_used[static_cast<size_t>(std::min(depth, max_draft_))] += 1;
     record_drafted_step(s, depth, n, k);
-    if (tree_policy_.max_budget() > 0) {
+    record_sources(s, path);
+    if (s.rows.block.has_context_nodes()) {
+        // the lattice's policies learn from its own chains and trees; its nodes here teach the
+        // calibrations only (record_sources)
+    } else if (tree_policy_.max_budget() > 0) {
         // the chain's estimate learns what the chain would have done: the greedy selector's path is the tree's
         // first-child chain (rows 1..its length), of which the path kept its first n_in_place nodes
         int chain = 0;
@@ -543,6 +606,49 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
     }
     commit_tokens(idx, s, accepted, v.next, counts, tokens);
     s.rows.block.is_tree = false;
+}
+
+// A verified tree's nodes by source: the counters, and each source's calibration learns which of
+// its estimates the target accepted.
+void BatchEngine::record_sources(Slot & s, const std::vector<int32_t> & path) {
+    const DraftBlock & b = s.rows.block;
+    const int n = b.tree.size();
+    std::vector<char> accepted(static_cast<size_t>(n), 0);
+    for (const int32_t v : path) accepted[static_cast<size_t>(v)] = 1;
+    SlotStats & st = s.request.stats;
+    if (!b.has_context_nodes()) {
+        lattice_calibration_.observe(b.tree.logp, accepted);
+        stats_.n_lattice_nodes += n;
+        stats_.n_lattice_accepted += static_cast<int64_t>(path.size());
+        st.n_lattice_nodes += n;
+        st.n_lattice_accepted += static_cast<int64_t>(path.size());
+        return;
+    }
+    std::vector<double> lat_logp, ctx_logp;
+    std::vector<char> lat_hit, ctx_hit;
+    for (int v = 0; v < n; ++v) {
+        const auto i = static_cast<size_t>(v);
+        if (b.origin[i] & kFromLattice) {
+            lat_logp.push_back(b.lattice_logp[i]);
+            lat_hit.push_back(accepted[i]);
+        }
+        if (b.origin[i] & kFromContext) {
+            ctx_logp.push_back(b.context_logp[i]);
+            ctx_hit.push_back(accepted[i]);
+            if (accepted[i]) stats_.context_accepted_per_pos[static_cast<size_t>(b.tree.depth[i] - 1)] += 1;
+        }
+    }
+    const auto hits = [](const std::vector<char> & h) { return static_cast<int64_t>(std::count(h.begin(), h.end(), 1)); };
+    if (!lat_logp.empty()) lattice_calibration_.observe(lat_logp, lat_hit);
+    if (!ctx_logp.empty()) context_calibration_.observe(ctx_logp, ctx_hit);
+    stats_.n_lattice_nodes += static_cast<int64_t>(lat_logp.size());
+    stats_.n_lattice_accepted += hits(lat_hit);
+    stats_.n_context_nodes += static_cast<int64_t>(ctx_logp.size());
+    stats_.n_context_accepted += hits(ctx_hit);
+    st.n_lattice_nodes += static_cast<int64_t>(lat_logp.size());
+    st.n_lattice_accepted += hits(lat_hit);
+    st.n_context_nodes += static_cast<int64_t>(ctx_logp.size());
+    st.n_context_accepted += hits(ctx_hit);
 }
 
 void BatchEngine::commit_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
@@ -561,7 +667,8 @@ void BatchEngine::commit_prefill(int idx, Slot & s, std::vector<int32_t> & count
     s.state = State::Decode;
     s.seq.pos = s.seq.n_prefilled;
     s.seq.anchor = first;
-    tokens[static_cast<size_t>(idx) * (static_cast<size_t>(max_draft_) + 1)] = first;
+    tokens[static_cast<size_t>(idx) * (static_cast<size_t>(step_width_) + 1)] = first;
+    if (s.drafting.context != nullptr) s.drafting.context->commit(&first, 1);
     counts[static_cast<size_t>(idx)] = 1;
     stats_.n_generated += 1;
     s.request.stats.n_generated += 1;

@@ -13,10 +13,12 @@
 // keeps no prompt cache).
 #pragma once
 
+#include "engine/context_draft_source.h"
 #include "engine/cost_model.h"
 #include "engine/dflash_draft_source.h"
 #include "engine/draft_length.h"
 #include "engine/draft_source.h"
+#include "engine/path_calibration.h"
 #include "drafter/draft_tree.h"
 #include "drafter/drafter.h"
 #include "capture/feature_capture_callback.h"
@@ -63,6 +65,10 @@ struct BatchEngineOptions {
     // tree_budget is then the largest budget: each step's comes from the cost model (tree_budget.h),
     // 0 = the chain's choice (draft_length.h); the costs must include verifies of tree_budget+1 rows
     bool tree_auto = false;
+    // > 0: context drafts (context_draft_source.h) may run: a step then verifies the context's
+    // tree, or one merged with the lattice's, of at most this many nodes (kContextBranches leaves);
+    // each request's mode from set_context_drafts()
+    int context_nodes = 0;
 
     bool drafts() const { return draft_length != DraftLength::Plain; }
 };
@@ -85,6 +91,12 @@ struct SlotStats {
     std::vector<int64_t> drafted;     // per block position 1..max_draft: blocks that reached it
     std::vector<int64_t> accepted;    // ... and accepted its draft
     std::vector<int64_t> n_max_used;  // histogram of drafts per step over 0..max_draft
+    // drafted tree nodes (chain drafts) by source, and how many were accepted (a node both
+    // sources proposed counts for both)
+    int64_t n_lattice_nodes = 0, n_lattice_accepted = 0;
+    int64_t n_context_nodes = 0, n_context_accepted = 0;
+    int64_t n_context_steps = 0;    // steps that verified context drafts
+    int64_t n_propose_skipped = 0;  // ... of which without the drafter's propose (context alone)
 };
 
 // Engine-wide counters since creation (the server turns them into metrics).
@@ -98,7 +110,11 @@ struct BatchStats {
     int64_t n_drafts = 0;        // drafted blocks verified
     int64_t n_draft_tokens = 0;  // drafted tokens verified
     int64_t n_accepted = 0;      // ... of which accepted
-    std::vector<int64_t> accepted_per_pos;  // accepted at block position 1..max_draft
+    std::vector<int64_t> accepted_per_pos;  // accepted at block position (tree depth) 1..step width
+    int64_t n_lattice_nodes = 0, n_lattice_accepted = 0;  // by source, as SlotStats
+    int64_t n_context_nodes = 0, n_context_accepted = 0;
+    int64_t n_context_steps = 0, n_propose_skipped = 0;
+    std::vector<int64_t> context_accepted_per_pos;  // accepted context nodes per depth
     double draft_s = 0, decode_s = 0, inject_s = 0;
     // per-phase breakdown of step() (seconds): inject_s (feature copies + drafter
     // inject graphs), propose_s (drafter propose graphs + read-back), select_s,
@@ -124,8 +140,10 @@ class BatchEngine {
 
     int n_slots() const { return static_cast<int>(slots_.size()); }
     int max_draft() const { return max_draft_; }
+    // tokens a step commits per slot at most, minus one: the drafter's block, or a context path's depth
+    int step_width() const { return step_width_; }
     // rows of the largest verify the cost model prices: the chain's, or an auto tree's
-    int max_verify_rows() const { return std::max(max_draft_, tree_policy_.max_budget()) + 1; }
+    int max_verify_rows() const { return std::max({max_draft_, tree_policy_.max_budget(), opts_.context_nodes}) + 1; }
     int32_t n_ctx_slot() const { return opts_.n_ctx_slot; }
 
     void set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s);
@@ -149,6 +167,12 @@ class BatchEngine {
     // Frees a slot for the next request; a no-op on an idle slot. Its K/V
     // rows stay for prefix reuse.
     void stop(int slot);
+    // Context drafts for the slot's next requests: off, their own context, or also the past
+    // outputs of `key` (the global cache: one per API key). Needs context_nodes > 0.
+    void set_context_drafts(int slot, ContextDrafts mode, const std::string & key);
+    // Bounds of the global context cache: keys kept (least recently used out), and per key its past
+    // outputs and their tokens. Empties the cache.
+    void set_context_cache_limits(size_t max_keys, int max_documents, size_t max_tokens);
     // Rows of `prompt` that start() on this idle slot would reuse (what it holds
     // from its last request): a scheduler gives a request the slot that holds most.
     int32_t cached_prefix(int slot, const std::vector<llama_token> & prompt);
@@ -202,6 +226,7 @@ class BatchEngine {
         Drafter * drafter = nullptr;
         DrafterFeed feed;
         std::unique_ptr<DraftSource> source;
+        std::unique_ptr<ContextDraftSource> context;  // context drafts (null when the engine has none)
         DraftLengthPolicy policy{0};
     };
     // This step's rows in the batch: the drafted block and where its rows sit.
@@ -218,12 +243,22 @@ class BatchEngine {
         Sequence seq;
         Drafting drafting;
         StepRows rows;
+        ContextDrafts context_mode = ContextDrafts::Request;  // for the next start()
+        std::string context_key;
     };
 
     // One step's plan (step_planner.cpp): per decoding slot, how many drafts and tree nodes.
+    enum class Source {
+        Lattice,  // the drafter's chain or tree (or nothing)
+        Context,  // the context's tree alone: no propose
+        Merged,   // the drafter's lattice and the context's candidates in one tree
+    };
     struct SlotPlan {
         int n_drafts = 0;
         int tree_budget = 0;  // > 0: a tree of at most this many nodes
+        Source source = Source::Lattice;
+        int context_depth = 0;  // Context, Merged: the deepest path and the most nodes
+        int context_nodes = 0;
     };
     struct StepPlan {
         std::vector<size_t> decoding;  // slots that verify this step
@@ -245,6 +280,9 @@ class BatchEngine {
     SlotPlan plan_slot(const StepPlan & plan, size_t i) const;  // the caps: context, max_tokens, share, pending
     Groups draft_blocks(const StepPlan & plan);
     void draft(Slot & s, const SlotPlan & p);
+    void plan_context(StepPlan & plan);  // which slots draft from the context, alone or merged
+    void draft_merged(Slot & s, const SlotPlan & p);
+    int context_prefix(const MergedTree & m) const;  // the merged tree's best prefix
 
     // batch_builder.cpp
     int32_t add_group_rows(int n_rows, const std::vector<int> & members);  // returns the filler rows
@@ -271,6 +309,7 @@ class BatchEngine {
                        std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     void commit_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     void record_drafted_step(Slot & s, int depth, int n_drafted, int k);
+    void record_sources(Slot & s, const std::vector<int32_t> & path);
     void record_logprob(Slot & s, const float * logits, llama_token token);
     void add_verify_time(double seconds, double head_s0);  // verify logic, and the lazy head as decode
     void queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0);
@@ -304,6 +343,8 @@ class BatchEngine {
     bool borrowed_ = false;  // the caller's context: claimed and cleared per request, no prompt cache
     std::vector<Slot> slots_;
     int max_draft_ = 0;
+    int step_width_ = 0;     // max_draft_, or deeper context paths
+    int tree_branches_ = 0;  // branch sequences per slot (a tree's leaves)
     bool feed_drafters_ = false;
     llama_batch batch_;
     int32_t batch_cap_ = 0;
@@ -318,6 +359,9 @@ class BatchEngine {
     // from the optimistic prior (short requests would end before it settled)
     DraftLengthPolicy shared_policy_{0};
     TreeBudgetPolicy tree_policy_{0};  // tree_auto: one for the engine, as shared_policy_
+    // each source's estimates against what verification accepted (merged trees price by them)
+    PathCalibration lattice_calibration_, context_calibration_;
+    ContextCaches context_caches_;  // past outputs per API key (ContextDrafts::Global)
     int64_t n_auto_tree_steps_ = 0, n_tree_probes_ = 0;
     std::vector<float> feat_;
 };

@@ -22,7 +22,7 @@ pdf2::BatchEngine & get(pdf2_batch_engine * e) { return pdf2::handle_impl(e, "ba
 // > 0 = that many (the drafter's block caps it); max_draft < 0 = no cap; selector -1 = auto;
 // tree_budget < 0 = automatic, at most -tree_budget nodes.
 void set_draft_options(pdf2::BatchEngineOptions & opts, int32_t n_max, int32_t max_draft, int32_t selector,
-                       int32_t q_top_k, int32_t tree_budget) {
+                       int32_t q_top_k, int32_t tree_budget, int32_t context_nodes) {
     pdf2::check_selector_options(selector, q_top_k);
     if (n_max < -1) {
         throw pdf2::Error("n_max must be >= 0, or -1 for adaptive");
@@ -36,6 +36,7 @@ void set_draft_options(pdf2::BatchEngineOptions & opts, int32_t n_max, int32_t m
     opts.q_top_k = q_top_k;
     opts.tree_budget = tree_budget < 0 ? -tree_budget : tree_budget;
     opts.tree_auto = tree_budget < 0;
+    opts.context_nodes = context_nodes;  // the engine checks its range
 }
 
 }  // namespace
@@ -44,7 +45,8 @@ extern "C" pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_
                                                      int32_t n_threads, int32_t n_threads_batch, int32_t flash_attn,
                                                      pdf2_drafter ** drafters,
                                                      int32_t n_drafters, int32_t n_max, int32_t max_draft,
-                                                     int32_t selector, int32_t q_top_k, int32_t tree_budget) {
+                                                     int32_t selector, int32_t q_top_k, int32_t tree_budget,
+                                                     int32_t context_nodes) {
     return pdf2::guarded<pdf2_batch_engine *>(nullptr, [&] {
         if (flash_attn < -1 || flash_attn > 1) {
             throw pdf2::Error("flash_attn must be -1 (auto), 0 (off) or 1 (on)");
@@ -62,7 +64,7 @@ extern "C" pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_
         opts.n_threads = n_threads;
         opts.n_threads_batch = n_threads_batch;
         opts.flash_attn = flash_attn;
-        set_draft_options(opts, n_max, max_draft, selector, q_top_k, tree_budget);
+        set_draft_options(opts, n_max, max_draft, selector, q_top_k, tree_budget, context_nodes);
         auto e = std::make_unique<pdf2_batch_engine>();
         e->impl = std::make_unique<pdf2::BatchEngine>(static_cast<llama_model *>(target_model), ds, opts);
         return e.release();
@@ -72,14 +74,15 @@ extern "C" pdf2_batch_engine * pdf2_batch_engine_new(void * target_model, int32_
 extern "C" pdf2_batch_engine * pdf2_batch_engine_new_borrowed(void * target_ctx, pdf2_capture * feature_capture,
                                                               pdf2_capture * head_capture, pdf2_drafter * drafter,
                                                               int32_t n_max, int32_t max_draft, int32_t selector,
-                                                              int32_t q_top_k, int32_t tree_budget) {
+                                                              int32_t q_top_k, int32_t tree_budget,
+                                                              int32_t context_nodes) {
     return pdf2::guarded<pdf2_batch_engine *>(nullptr, [&] {
         pdf2::BorrowedTarget t;
         t.ctx = static_cast<llama_context *>(target_ctx);
         t.feature_capture = feature_capture != nullptr ? capture_impl(feature_capture) : nullptr;
         t.head_capture = head_capture != nullptr ? capture_impl(head_capture) : nullptr;
         pdf2::BatchEngineOptions opts;
-        set_draft_options(opts, n_max, max_draft, selector, q_top_k, tree_budget);
+        set_draft_options(opts, n_max, max_draft, selector, q_top_k, tree_budget, context_nodes);
         auto e = std::make_unique<pdf2_batch_engine>();
         e->impl = std::make_unique<pdf2::BatchEngine>(t, drafter != nullptr ? drafter->impl.get() : nullptr, opts);
         return e.release();
@@ -97,6 +100,34 @@ extern "C" int pdf2_batch_engine_release_target(pdf2_batch_engine * e) {
 
 extern "C" int32_t pdf2_batch_engine_max_draft(pdf2_batch_engine * e) {
     return pdf2::guarded<int32_t>(-1, [&] { return static_cast<int32_t>(get(e).max_draft()); });
+}
+
+extern "C" int32_t pdf2_batch_engine_step_width(pdf2_batch_engine * e) {
+    return pdf2::guarded<int32_t>(-1, [&] { return static_cast<int32_t>(get(e).step_width()); });
+}
+
+extern "C" int pdf2_batch_engine_set_context_drafts(pdf2_batch_engine * e, int32_t slot, int32_t mode,
+                                                    const char * key) {
+    return pdf2::guarded<int>(-1, [&] {
+        if (mode < 0 || mode > 2) {
+            throw pdf2::Error("context drafts mode must be 0 (off), 1 (request) or 2 (global), got " +
+                              std::to_string(mode));
+        }
+        get(e).set_context_drafts(slot, static_cast<pdf2::ContextDrafts>(mode), key != nullptr ? key : "");
+        return 0;
+    });
+}
+
+extern "C" int pdf2_batch_engine_set_context_cache_limits(pdf2_batch_engine * e, int32_t max_keys,
+                                                         int32_t max_documents, int64_t max_tokens) {
+    return pdf2::guarded<int>(-1, [&] {
+        if (max_keys < 1 || max_documents < 1 || max_tokens < 1) {
+            throw pdf2::Error("context cache limits must be >= 1, got " + std::to_string(max_keys) + " keys, " +
+                              std::to_string(max_documents) + " documents, " + std::to_string(max_tokens) + " tokens");
+        }
+        get(e).set_context_cache_limits(static_cast<size_t>(max_keys), max_documents, static_cast<size_t>(max_tokens));
+        return 0;
+    });
 }
 
 extern "C" int32_t pdf2_batch_engine_max_verify_rows(pdf2_batch_engine * e) {
@@ -238,10 +269,10 @@ extern "C" int32_t pdf2_batch_engine_step(pdf2_batch_engine * e, int32_t * count
                                           int32_t n_tokens) {
     return pdf2::guarded<int32_t>(-1, [&] {
         pdf2::BatchEngine & eng = get(e);
-        const int32_t width = eng.max_draft() + 1;
+        const int32_t width = eng.step_width() + 1;
         if (counts == nullptr || tokens == nullptr || n_counts != eng.n_slots() ||
             n_tokens != eng.n_slots() * width) {
-            throw pdf2::Error("step buffers must hold n_slots counts and n_slots x (max_draft+1) tokens");
+            throw pdf2::Error("step buffers must hold n_slots counts and n_slots x (step_width+1) tokens");
         }
         std::vector<int32_t> c;
         std::vector<llama_token> t;

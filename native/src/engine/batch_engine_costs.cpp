@@ -27,8 +27,8 @@ void BatchEngine::set_costs(const std::vector<double> & verify_s, const std::vec
 
 void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify_s, std::vector<double> & draft_s) {
     Slot & s = slot_at(slot);
-    if (s.state != State::Decode || s.drafting.drafter == nullptr) {
-        throw Error("measure_costs() needs a slot that has finished its prefill and a drafter");
+    if (s.state != State::Decode || (s.drafting.drafter == nullptr && max_draft_ > 0)) {
+        throw Error("measure_costs() needs a slot that has finished its prefill (and its drafter)");
     }
     reps = std::max(1, reps);
     const int max_b = max_verify_rows();

@@ -5,6 +5,8 @@
 #include "engine/batch_engine.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 
 namespace pdf2 {
 
@@ -103,7 +105,74 @@ BatchEngine::StepPlan BatchEngine::plan_step(std::vector<int32_t> & counts) {
     plan.row_share = n_decoding > 0 ? batch_cap_ / n_decoding - 1 : 0;
     plan.slots.resize(slots_.size());
     for (const size_t i : plan.decoding) plan.slots[i] = plan_slot(plan, i);
+    plan_context(plan);
     return plan;
+}
+
+// Context drafts: a slot whose context matches verifies the context's tree alone (no propose) when
+// the cost model prices that at least as fast as the drafter's plan with the context merged in;
+// else the merged tree. The context's candidates are known before any drafting, calibrated; the
+// merged tree's gain over either source is not (its lattice half comes with the propose), so it
+// is priced at the better source's expectation, a lower bound.
+void BatchEngine::plan_context(StepPlan & plan) {
+    if (opts_.context_nodes == 0) return;
+    for (const size_t i : plan.decoding) {
+        Slot & s = slots_[i];
+        SlotPlan & p = plan.slots[i];
+        ContextDraftSource * context = s.drafting.context.get();
+        if (context == nullptr || !context->active()) continue;
+        const int room = opts_.n_ctx_slot - s.seq.pos - 1;
+        int depth = std::min(kContextMaxDepth, room);
+        if (s.request.max_tokens > 0) {
+            depth = std::min<int>(depth, s.request.max_tokens - static_cast<int>(s.request.stats.n_generated) - 1);
+        }
+        int nodes = std::min(opts_.context_nodes, plan.row_share - static_cast<int>(s.seq.pending.size()));
+        if (borrowed_) nodes = std::min(nodes, room);  // a borrowed context holds no cells beyond its size
+        if (opts_.tree_budget > 0 && !opts_.tree_auto) nodes = std::min(nodes, opts_.tree_budget);  // a fixed budget
+        if (depth <= 0 || nodes <= 0) continue;
+        const std::vector<double> e = context->expected_accepted(depth, nodes);
+        if (e.size() <= 1) continue;  // no match: the drafter's plan
+        p.context_depth = depth;
+        p.context_nodes = nodes;
+        const bool lattice = s.drafting.drafter != nullptr && p.n_drafts > 0;
+        if (!lattice) {
+            p.source = Source::Context;
+            continue;
+        }
+        if (opts_.tree_budget > 0 && !opts_.tree_auto) {
+            p.source = Source::Merged;  // a fixed tree: the budget is shared, every step
+            continue;
+        }
+        const double lattice_expected = p.tree_budget > 0 && tree_policy_.has_trees()
+                                            ? tree_policy_.expected_accepted(p.tree_budget)
+                                            : s.drafting.policy.expected_tokens(p.n_drafts) - 1.0;
+        if (!costs_.has_row_cost()) {
+            p.source = e.back() >= lattice_expected ? Source::Context : Source::Merged;
+            continue;
+        }
+        double context_rate = 0.0, context_expected = 0.0;
+        int context_rows = 1;
+        for (size_t b = 0; b < e.size(); ++b) {
+            const double rate = (1.0 + e[b]) / std::max(costs_.step_seconds(1, static_cast<int>(b) + 1, 0), 1e-9);
+            if (rate > context_rate) {
+                context_rate = rate;
+                context_expected = e[b];
+                context_rows = static_cast<int>(b) + 1;
+            }
+        }
+        const int lattice_rows = 1 + (p.tree_budget > 0 ? p.tree_budget : p.n_drafts);
+        const double merged_rate = (1.0 + std::max(context_expected, lattice_expected)) /
+                                   std::max(costs_.step_seconds(1, std::max(context_rows, lattice_rows), p.n_drafts), 1e-9);
+        p.source = context_rate >= merged_rate ? Source::Context : Source::Merged;
+    }
+}
+
+// The number of a context or merged tree's best nodes to verify: the cost model's best prefix, a
+// fixed budget's size, or (no measured costs) all.
+int BatchEngine::context_prefix(const MergedTree & m) const {
+    if (opts_.tree_budget > 0 && !opts_.tree_auto) return std::min(m.tree.size(), opts_.tree_budget);
+    if (!costs_.has_row_cost()) return m.tree.size();
+    return best_prefix(m, [&](int b) { return costs_.step_seconds(1, b + 1, 0); });
 }
 
 // The caps of one slot: the verify rows [anchor, d1..dn] must fit its context, the request's
@@ -144,6 +213,37 @@ BatchEngine::Groups BatchEngine::draft_blocks(const StepPlan & plan) {
 void BatchEngine::draft(Slot & s, const SlotPlan & p) {
     DraftBlock & block = s.rows.block;
     block.clear();
+    if (p.source == Source::Merged) {
+        draft_merged(s, p);
+        return;
+    }
+    if (p.source == Source::Context) {
+        DraftRequest req;
+        req.anchor = s.seq.anchor;
+        req.pos = s.seq.pos;
+        req.n = p.context_depth;
+        req.tree_budget = p.context_nodes;
+        req.sampler = s.request.sampler.get();
+        s.drafting.context->draft(req, block);
+        MergedTree m;  // the best prefix of the context's tree
+        m.tree = block.tree;
+        m.origin = block.origin;
+        m.lattice_logp = block.lattice_logp;
+        m.context_logp = block.context_logp;
+        truncate_merged(m, context_prefix(m));
+        const double seconds = block.seconds;
+        block.set_merged(std::move(m));
+        block.seconds = block.select_s = seconds;
+        stats_.select_s += seconds;
+        stats_.draft_s += seconds;
+        if (!block.tokens.empty()) {
+            s.request.stats.n_context_steps += 1;
+            s.request.stats.n_propose_skipped += s.drafting.drafter != nullptr ? 1 : 0;
+            stats_.n_context_steps += 1;
+            stats_.n_propose_skipped += s.drafting.drafter != nullptr ? 1 : 0;
+        }
+        return;
+    }
     if (p.n_drafts <= 0) {
         return;
     }
@@ -159,6 +259,65 @@ void BatchEngine::draft(Slot & s, const SlotPlan & p) {
     stats_.propose_s += block.propose_s;
     stats_.select_s += block.select_s;
     stats_.draft_s += block.seconds;
+}
+
+}  // namespace pdf2
+
+namespace pdf2 {
+
+// The drafter's block (the lattice's tree at the context's node budget, or a DFlash1 chain) and
+// the context's candidates, merged into one tree (merged_draft_tree.h), of which the cost model
+// keeps the best prefix.
+void BatchEngine::draft_merged(Slot & s, const SlotPlan & p) {
+    DraftBlock & block = s.rows.block;
+    DraftRequest req;
+    req.anchor = s.seq.anchor;
+    req.pos = s.seq.pos;
+    req.n = std::max(1, std::min(max_draft_, p.context_depth));
+    req.tree_budget = p.context_nodes;
+    req.sampler = s.request.sampler.get();
+    s.drafting.source->draft(req, block);
+    stats_.graph_setup_s += block.graph_setup_s;
+    stats_.n_graph_builds += block.n_graph_builds;
+    stats_.propose_s += block.propose_s;
+    const auto t0 = std::chrono::steady_clock::now();
+    ScoredNodes lattice;
+    if (block.is_tree) {
+        const PathCalibration & cal = lattice_calibration_;
+        lattice = scored_nodes(block.tree, [&](double logp) { return cal.calibrated(logp); });
+    } else {
+        // a chain (DFlash1): each draft at the chain's running acceptance estimate
+        const std::vector<double> & a = s.drafting.policy.acceptance();
+        double logp = 0.0;
+        for (size_t j = 0; j < block.tokens.size(); ++j) {
+            logp += std::log(std::max(1e-9, j < a.size() ? a[j] : 0.5));
+            lattice.parent.push_back(static_cast<int32_t>(j) - 1);
+            lattice.token.push_back(block.tokens[j]);
+            lattice.cand.push_back(-1);
+            lattice.raw_logp.push_back(logp);
+            lattice.p.push_back(std::exp(logp));
+        }
+    }
+    MergedTree m = merge_draft_trees(lattice, s.drafting.context->candidates(p.context_depth), p.context_nodes,
+                                     tree_branches_);
+    truncate_merged(m, context_prefix(m));
+    const double propose_s = block.propose_s, graph_setup_s = block.graph_setup_s;
+    const int64_t n_graph_builds = block.n_graph_builds;
+    const double select_s = block.select_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double seconds = block.seconds + (select_s - block.select_s);
+    block.clear();
+    block.set_merged(std::move(m));
+    block.propose_s = propose_s;
+    block.graph_setup_s = graph_setup_s;
+    block.n_graph_builds = n_graph_builds;
+    block.select_s = select_s;
+    block.seconds = seconds;
+    stats_.select_s += select_s;
+    stats_.draft_s += seconds;
+    if (!block.tokens.empty()) {
+        s.request.stats.n_context_steps += 1;
+        stats_.n_context_steps += 1;
+    }
 }
 
 }  // namespace pdf2

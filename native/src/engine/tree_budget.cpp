@@ -7,7 +7,6 @@ namespace pdf2 {
 
 namespace {
 constexpr double DECAY = 0.97;      // as the draft length's: acceptance drifts with the text
-constexpr double PRIOR_HITS = 1.0;  // the selector's estimate is trusted until about one hit's worth is seen
 constexpr int PROBE_FIRST = 16;     // steps without a tree before the first probe
 constexpr int PROBE_MAX = 512;      // ... and at most between probes
 constexpr int PROBE_BUDGET = 4;     // before any tree was seen
@@ -16,15 +15,7 @@ constexpr int PROBE_BUDGET = 4;     // before any tree was seen
 TreeBudgetPolicy::TreeBudgetPolicy(int max_budget)
     : max_budget_(std::max(0, max_budget)),
       node_mass_(static_cast<size_t>(max_budget_) * N_BANDS, 0.0),
-      hits_(N_BANDS, 0.0),
-      mass_(N_BANDS, 0.0),
       probe_interval_(PROBE_FIRST) {}
-
-int TreeBudgetPolicy::band_of(double logp) {
-    if (!(logp < 0.0)) return 0;
-    const double halvings = -logp / std::log(2.0);
-    return std::min(N_BANDS - 1, static_cast<int>(halvings));
-}
 
 void TreeBudgetPolicy::observe_tree(const DraftTree & t) {
     if (max_budget_ == 0) return;
@@ -34,27 +25,15 @@ void TreeBudgetPolicy::observe_tree(const DraftTree & t) {
     const int n = std::min(t.size(), max_budget_);
     for (int i = 0; i < n; ++i) {
         const double lp = t.logp[static_cast<size_t>(i)];
-        node_mass_[static_cast<size_t>(i) * N_BANDS + static_cast<size_t>(band_of(lp))] += (1.0 - keep) * std::exp(lp);
+        node_mass_[static_cast<size_t>(i) * N_BANDS + static_cast<size_t>(PathCalibration::band_of(lp))] += (1.0 - keep) * std::exp(lp);
     }
     n_trees_ += 1;
 }
 
 void TreeBudgetPolicy::observe_verify(const DraftTree & t, const std::vector<int32_t> & path) {
-    for (int b = 0; b < N_BANDS; ++b) {
-        hits_[static_cast<size_t>(b)] *= DECAY;
-        mass_[static_cast<size_t>(b)] *= DECAY;
-    }
-    for (int i = 0; i < t.size(); ++i) {
-        const double lp = t.logp[static_cast<size_t>(i)];
-        mass_[static_cast<size_t>(band_of(lp))] += std::exp(lp);
-    }
-    for (const int32_t v : path) {
-        hits_[static_cast<size_t>(band_of(t.logp[static_cast<size_t>(v)]))] += 1.0;
-    }
-}
-
-double TreeBudgetPolicy::calibration(int band) const {
-    return (hits_[static_cast<size_t>(band)] + PRIOR_HITS) / (mass_[static_cast<size_t>(band)] + PRIOR_HITS);
+    std::vector<char> accepted(static_cast<size_t>(t.size()), 0);
+    for (const int32_t v : path) accepted[static_cast<size_t>(v)] = 1;
+    calibration_.observe(t.logp, accepted);
 }
 
 double TreeBudgetPolicy::expected_accepted(int b) const {
@@ -62,7 +41,7 @@ double TreeBudgetPolicy::expected_accepted(int b) const {
     for (int i = 0; i < std::min(b, max_budget_); ++i) {
         double node = 0.0;
         for (int band = 0; band < N_BANDS; ++band) {
-            node += node_mass_[static_cast<size_t>(i) * N_BANDS + static_cast<size_t>(band)] * calibration(band);
+            node += node_mass_[static_cast<size_t>(i) * N_BANDS + static_cast<size_t>(band)] * calibration_.factor(band);
         }
         e += std::min(node, 1.0);  // a node is accepted at most once
     }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "drafter/draft_tree.h"
+#include "engine/path_calibration.h"
 
 #include <algorithm>
 #include <utility>
@@ -47,16 +48,14 @@ class TreeBudgetPolicy {
     bool schedule(bool tree_chosen);
     int probe_budget() const;  // the budget a probe verifies
 
-    double calibration(int band) const;  // accepted over estimated, in one band of path probability
-    static int band_of(double logp);
-    static constexpr int N_BANDS = 16;  // path probability 1..1/2, 1/2..1/4, ..., below 2^-15
+    const PathCalibration & calibration() const { return calibration_; }
+    static constexpr int N_BANDS = PathCalibration::N_BANDS;
 
   private:
     int max_budget_ = 0;
     int64_t n_trees_ = 0;
     std::vector<double> node_mass_;  // [i * N_BANDS + band]: running mean of node i's probability, by band
-    std::vector<double> hits_;       // per band: decayed accepted nodes
-    std::vector<double> mass_;       // ... and their summed path probability
+    PathCalibration calibration_;    // the lattice's selector estimates against accepted nodes
     int idle_streak_ = 0;
     int probe_interval_;
 };

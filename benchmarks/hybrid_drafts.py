@@ -1,0 +1,122 @@
+"""Context drafts merged with the DFlash2 lattice (issue 35), against every source alone.
+
+On the agentic set (benchmarks/prompts_agentic_eval.jsonl: tasks whose answers copy their context)
+and the chat eval prompts (benchmarks/prompts_chat_eval.txt), at each temperature, interleaved
+prompt by prompt so that machine noise hits every configuration alike, with the default pair
+(SmolLM2-135M-Instruct and the shipped DFlash2 drafter) unless --model/--draft say otherwise:
+
+- plain: no drafts;
+- lattice chain: the drafter's chain, n_max auto (the cost model's length);
+- lattice tree 16: the best-first tree of 16 nodes over the lattice;
+- context alone: context drafts without a drafter (the cost model prices each step's tree);
+- merged tree 16: the lattice's and the context's candidates in one tree of 16 nodes;
+- auto: what `pydflash2 generate` runs by default (n_max auto, context drafts "request").
+
+Prints per set and temperature: tau, median tokens/s, both as ratios to plain measured in the same
+run, acceptance per depth, and the nodes drafted and accepted by source.
+
+    python benchmarks/hybrid_drafts.py --threads 2 --max-tokens 128 [--n-prompts 24] [--temperatures 0,1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+AGENTIC = BENCH / "prompts_agentic_eval.jsonl"
+CHAT = BENCH / "prompts_chat_eval.txt"
+
+
+def load_sets(n: int) -> dict[str, list]:
+    agentic = [json.loads(line)["messages"] for line in AGENTIC.read_text().splitlines() if line.strip()]
+    chat = [[{"role": "user", "content": line.strip()}] for line in CHAT.read_text().splitlines() if line.strip()]
+    # every category of the agentic set: spread the first n over the file
+    step = max(1, len(agentic) // n) if n else 1
+    return {"agentic": agentic[::step][:n or None], "chat": chat[:n or None]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--draft", default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--n-prompts", type=int, default=24, help="per set (0: all)")
+    ap.add_argument("--sets", default="agentic,chat")
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--configs", default="plain,lattice chain,lattice tree 16,context alone,merged tree 16,auto")
+    ap.add_argument("--n-ctx", type=int, default=2048)
+    ap.add_argument("--json", default=None, help="write every run's stats here")
+    args = ap.parse_args()
+
+    from pydflash2.models import default_drafter, default_target
+    from pydflash2.speculator import Speculator, load_target
+
+    model = args.model or str(default_target())
+    draft = args.draft or str(default_drafter())
+    llm, inv = load_target(model, n_ctx=args.n_ctx, n_threads=args.threads, tree_budget=16, context_drafts="request")
+    make = {
+        "plain": lambda: Speculator(llm, None, n_max=0),
+        "lattice chain": lambda: Speculator(llm, draft, n_max="auto"),
+        "lattice tree 16": lambda: Speculator(llm, draft, n_max=7, tree_budget=16),
+        "context alone": lambda: Speculator(llm, None, n_max=0, context_drafts="request"),
+        "merged tree 16": lambda: Speculator(llm, draft, n_max=7, tree_budget=16, context_drafts="request"),
+        "auto": lambda: Speculator(llm, draft, n_max="auto", context_drafts="request"),
+    }
+    names = [c.strip() for c in args.configs.split(",")]
+    specs = {name: make[name]() for name in names}
+    sets = load_sets(args.n_prompts)
+    temps = [float(t) for t in args.temperatures.split(",")]
+    print(f"model {Path(model).name}, drafter {Path(draft).name}, --threads {args.threads}, {args.max_tokens} tokens, "
+          f"n_ctx {args.n_ctx}, flash attention on (trees), load average {os.getloadavg()[0]:.1f}")
+    dump: dict = {}
+    for set_name in args.sets.split(","):
+        prompts = [specs["plain"].tokenize_prompt(m) for m in sets[set_name]]
+        for temp in temps:
+            runs: dict[str, list[dict]] = {n: [] for n in names}
+            t0 = time.time()
+            for i, ids in enumerate(prompts):
+                for name, spec in specs.items():
+                    out = spec.generate(ids, max_tokens=args.max_tokens, temperature=temp, seed=1000 + i)
+                    runs[name].append(out.stats)
+            print(f"\n{set_name}, {len(prompts)} prompts, T={temp:g} ({time.time() - t0:.0f} s, load average "
+                  f"{os.getloadavg()[0]:.1f})")
+            print("| configuration | tau | tau vs plain | tok/s | vs plain | lattice acc/drafted | context acc/drafted "
+                  "| no-propose steps | acceptance per depth 1..8 |")
+            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+            summary = {}
+            for name, stats in runs.items():
+                steps = sum(s["n_steps"] for s in stats)
+                tau = sum(s["n_generated"] - 1 for s in stats) / max(steps, 1)
+                rate = statistics.median(s["tokens_per_second"] for s in stats)
+                drafted = [sum(x) for x in zip(*(s["drafted_per_position"] for s in stats), strict=True)]
+                accepted = [sum(x) for x in zip(*(s["accepted_per_position"] for s in stats), strict=True)]
+                acc = " ".join(f"{a / d:.2f}" if d else "-" for a, d in zip(accepted[:8], drafted[:8], strict=True))
+                src = {k: sum(s[k] for s in stats) for k in ("lattice_drafted", "lattice_accepted", "context_drafted",
+                                                              "context_accepted", "propose_skipped")}
+                summary[name] = dict(tau=tau, rate=rate, acc=acc, **src)
+            base = summary.get("plain")
+            for name, r in summary.items():
+                vs_tau = f"{r['tau'] / base['tau']:.2f}x" if base else "-"
+                vs_rate = f"{r['rate'] / base['rate']:.2f}x" if base else "-"
+                print(f"| {name} | {r['tau']:.2f} | {vs_tau} | {r['rate']:.1f} | {vs_rate} "
+                      f"| {r['lattice_accepted']}/{r['lattice_drafted']} | {r['context_accepted']}/{r['context_drafted']} "
+                      f"| {r['propose_skipped']} | {r['acc'] or '-'} |")
+            dump[f"{set_name} T={temp:g}"] = summary
+            sys.stdout.flush()
+    if args.json:
+        Path(args.json).write_text(json.dumps(dump, indent=1))
+    for spec in specs.values():
+        spec.close()
+    print(f"\nbatch-invariant here: {bool(inv)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,118 @@
+#include "engine/context_draft_source.h"
+
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <utility>
+
+namespace pdf2 {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Per token of a path: how likely a suffix match of m tokens continues as it did before, before
+// calibration (a one-token match is weak evidence, a long one strong).
+double match_prior(int m) { return static_cast<double>(m) / static_cast<double>(m + 2); }
+
+// b's nodes added to a (same match length: the occurrences of both count), shared paths merged.
+void add_paths(ContextPaths & a, const ContextPaths & b) {
+    std::map<std::pair<int32_t, llama_token>, int32_t> index;
+    for (int v = 0; v < a.size(); ++v) index[{a.parent[static_cast<size_t>(v)], a.token[static_cast<size_t>(v)]}] = v;
+    std::vector<int32_t> at(static_cast<size_t>(b.size()), -1);
+    for (int v = 0; v < b.size(); ++v) {
+        const auto i = static_cast<size_t>(v);
+        const int32_t parent = b.parent[i] < 0 ? -1 : at[static_cast<size_t>(b.parent[i])];
+        const auto key = std::make_pair(parent, b.token[i]);
+        auto it = index.find(key);
+        if (it == index.end()) {
+            it = index.emplace(key, a.size()).first;
+            a.parent.push_back(parent);
+            a.depth.push_back(b.depth[i]);
+            a.token.push_back(b.token[i]);
+            a.count.push_back(0);
+        }
+        a.count[static_cast<size_t>(it->second)] += b.count[i];
+        at[i] = it->second;
+    }
+    a.n_occurrences += b.n_occurrences;
+}
+
+}  // namespace
+
+void ContextDraftSource::start(const std::vector<llama_token> & prompt, ContextCaches * caches,
+                               const std::string & key) {
+    index_.clear();
+    index_.append(prompt.data(), prompt.size());
+    n_prompt_ = prompt.size();
+    caches_ = caches;
+    key_ = key;
+    active_ = true;
+    scored_size_ = static_cast<size_t>(-1);
+}
+
+void ContextDraftSource::commit(const llama_token * tokens, size_t n) {
+    if (active_) index_.append(tokens, n);
+}
+
+void ContextDraftSource::finish() {
+    if (active_ && caches_ != nullptr && index_.size() > n_prompt_) {
+        caches_->for_key(key_).add(index_.tokens().data() + n_prompt_, index_.size() - n_prompt_);
+    }
+    active_ = false;
+    caches_ = nullptr;
+}
+
+void ContextDraftSource::gather(int max_depth) {
+    index_.propose(max_depth, paths_);
+    const ContextCache * global = caches_ != nullptr ? caches_->find(key_) : nullptr;
+    if (global != nullptr) {
+        global->propose(index_.tokens().data(), index_.size(), max_depth, global_paths_);
+        // the longer match knows more; an equal one adds its occurrences
+        if (global_paths_.match_length > paths_.match_length) {
+            std::swap(paths_, global_paths_);
+        } else if (global_paths_.match_length == paths_.match_length && paths_.match_length > 0) {
+            add_paths(paths_, global_paths_);
+        }
+    }
+    scored_ = ScoredNodes{};
+    for (int v = 0; v < paths_.size(); ++v) {
+        const auto i = static_cast<size_t>(v);
+        const int32_t parent = paths_.parent[i];
+        const double parent_logp = parent < 0 ? 0.0 : scored_.raw_logp[static_cast<size_t>(parent)];
+        const int32_t parent_count = parent < 0 ? paths_.n_occurrences : paths_.count[static_cast<size_t>(parent)];
+        const double share = static_cast<double>(paths_.count[i]) / static_cast<double>(std::max(1, parent_count));
+        const double logp = parent_logp + std::log(match_prior(paths_.match_length + paths_.depth[i] - 1) * share);
+        scored_.parent.push_back(parent);
+        scored_.token.push_back(paths_.token[i]);
+        scored_.cand.push_back(-1);
+        scored_.raw_logp.push_back(logp);
+        scored_.p.push_back(calibration_.calibrated(logp));
+    }
+}
+
+const ScoredNodes & ContextDraftSource::candidates(int max_depth) {
+    if (index_.size() != scored_size_ || max_depth != scored_depth_) {
+        gather(max_depth);
+        scored_size_ = index_.size();
+        scored_depth_ = max_depth;
+    }
+    return scored_;
+}
+
+std::vector<double> ContextDraftSource::expected_accepted(int max_depth, int max_nodes) {
+    const MergedTree m = merge_draft_trees(ScoredNodes{}, candidates(max_depth), max_nodes, kContextBranches);
+    std::vector<double> out(1, 0.0);
+    for (const double lp : m.tree.logp) out.push_back(out.back() + std::exp(lp));
+    return out;
+}
+
+void ContextDraftSource::draft(const DraftRequest & req, DraftBlock & out) {
+    const auto t0 = Clock::now();
+    MergedTree m = merge_draft_trees(ScoredNodes{}, candidates(req.n), req.tree_budget, kContextBranches);
+    out.set_merged(std::move(m));
+    out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    out.select_s = out.seconds;
+}
+
+}  // namespace pdf2

@@ -1,0 +1,72 @@
+// Drafts from the context as a draft source (issue 35): what followed earlier occurrences of the
+// stream's current suffix in the request's prompt and output (context_index.h), and, with the
+// global cache, in past outputs of the same API key. Model-free: its candidates are known before
+// the step is planned, so the planner prices them against the drafter's (and may skip the
+// drafter's propose), and merges both into one tree (merged_draft_tree.h).
+//
+// A continuation node's estimate before calibration: per token, the match prior m / (m + 2) for a
+// suffix match of m tokens (it grows by one with every token the path goes deeper), times the
+// share of the occurrences that continue with the node's token; a path's is the product.
+// PathCalibration turns it into an acceptance estimate from what verification accepted.
+#pragma once
+
+#include "engine/context_index.h"
+#include "engine/draft_source.h"
+#include "engine/merged_draft_tree.h"
+#include "engine/path_calibration.h"
+
+#include <string>
+#include <vector>
+
+namespace pdf2 {
+
+// The largest context (or merged) tree a step verifies, and its deepest path: context paths cost
+// nothing to draft, so they may go deeper than the drafter's block.
+inline constexpr int kContextTreeNodes = 32;
+inline constexpr int kContextMaxDepth = 32;
+inline constexpr int kContextBranches = 8;  // leaves: each takes a sequence of the target context
+
+enum class ContextDrafts {
+    Off = 0,
+    Request = 1,  // this request's prompt and output
+    Global = 2,   // ... and the engine's cache of past outputs under the request's key
+};
+
+class ContextDraftSource final : public DraftSource {
+  public:
+    explicit ContextDraftSource(const PathCalibration & calibration) : calibration_(calibration) {}
+
+    // A new request: its prompt starts the stream; caches (null: only its own context): the past
+    // outputs of `key` it also drafts from and adds its output to. The cache is looked up at each
+    // use: another request may evict the key meanwhile.
+    void start(const std::vector<llama_token> & prompt, ContextCaches * caches, const std::string & key);
+    void commit(const llama_token * tokens, size_t n);  // tokens the verify committed
+    void finish();  // the request ended: its output joins the global cache
+    bool active() const { return active_; }
+
+    // The candidates after the stream's last token, at most max_depth deep, calibrated
+    // (recomputed only when the stream or max_depth changed).
+    const ScoredNodes & candidates(int max_depth);
+    // expected accepted drafts of the best b candidate nodes, b = 0..size (a best-first tree)
+    std::vector<double> expected_accepted(int max_depth, int max_nodes);
+
+    // The context's tree alone: the best req.tree_budget nodes, at most req.n deep.
+    void draft(const DraftRequest & req, DraftBlock & out) override;
+
+  private:
+    void gather(int max_depth);
+
+    const PathCalibration & calibration_;
+    ContextIndex index_;
+    ContextCaches * caches_ = nullptr;
+    std::string key_;
+    size_t n_prompt_ = 0;
+    bool active_ = false;
+    // the last candidates and what they were made for
+    ScoredNodes scored_;
+    size_t scored_size_ = static_cast<size_t>(-1);
+    int scored_depth_ = -1;
+    ContextPaths paths_, global_paths_;
+};
+
+}  // namespace pdf2

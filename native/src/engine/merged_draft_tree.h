@@ -1,0 +1,83 @@
+// One verified tree from several draft sources (issue 35): the DFlash2 lattice's best-first tree
+// and the context's continuations (context_draft_source.h), each node with its source's
+// calibrated acceptance estimate. Shared prefixes merge into one node (a node both sources
+// propose keeps the larger estimate); the tree is then expanded best first over the union, so
+// each source wins on the tokens it knows. Every estimate is capped by its parent's (a node is
+// accepted only when its parent is), which keeps a best-first prefix of the union a tree.
+#pragma once
+
+#include "drafter/draft_tree.h"
+
+#include <llama.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace pdf2 {
+
+// Which source drafted a node (bits: a node both propose has both).
+enum DraftOrigin : uint8_t { kFromLattice = 1, kFromContext = 2 };
+
+// One source's candidates: nodes parent before child, tokens distinct among siblings.
+struct ScoredNodes {
+    std::vector<int32_t> parent;  // -1 = under the anchor
+    std::vector<llama_token> token;
+    std::vector<int32_t> cand;    // the lattice candidate index, -1 for other sources
+    std::vector<double> p;        // calibrated acceptance estimate of the node's whole path
+    std::vector<double> raw_logp; // the source's own log-estimate (what its calibration learns from)
+    int size() const { return static_cast<int>(token.size()); }
+};
+
+// The merged tree's nodes, with the tree.
+struct MergedTree {
+    DraftTree tree;                   // logp = log of the merged (calibrated, capped) estimate
+    std::vector<uint8_t> origin;      // per node: DraftOrigin bits
+    std::vector<double> lattice_logp; // per node: the lattice's raw log-estimate (-inf: not the lattice's)
+    std::vector<double> context_logp; // ... the context's
+};
+
+// The best `budget` nodes of the union of lattice and context, expanded best first (ties: the
+// node added to the union first: the lattice's before the context's, each in its source's
+// order), with at most max_leaves leaves (each leaf takes a sequence of the target context): a
+// node that would add a leaf beyond them is left out, and so is everything below it.
+MergedTree merge_draft_trees(const ScoredNodes & lattice, const ScoredNodes & context, int budget,
+                             int max_leaves);
+
+// A DraftTree's nodes as a source's candidates, each estimate calibrated by `calibrated(logp)`.
+template <class Calibrate> ScoredNodes scored_nodes(const DraftTree & t, Calibrate calibrated) {
+    ScoredNodes out;
+    for (int v = 0; v < t.size(); ++v) {
+        const auto i = static_cast<size_t>(v);
+        out.parent.push_back(t.parent[i]);
+        out.token.push_back(t.token[i]);
+        out.cand.push_back(t.cand[i]);
+        out.raw_logp.push_back(t.logp[i]);
+        out.p.push_back(calibrated(t.logp[i]));
+    }
+    return out;
+}
+
+// The number of the merged tree's first nodes that maximises expected committed tokens per
+// second, (1 + sum of their estimates) / seconds(b) for b = 0..tree.size() (nodes come best
+// first, so the first b are the best tree of b nodes; 0: verify none).
+template <class Seconds> int best_prefix(const MergedTree & m, Seconds seconds) {
+    int best = 0;
+    double expected = 1.0;
+    double best_rate = expected / std::max(seconds(0), 1e-9);  // b = 0: a plain step
+    for (int b = 1; b <= m.tree.size(); ++b) {
+        expected += std::exp(m.tree.logp[static_cast<size_t>(b - 1)]);
+        const double rate = expected / std::max(seconds(b), 1e-9);
+        if (rate > best_rate) {
+            best_rate = rate;
+            best = b;
+        }
+    }
+    return best;
+}
+
+// Keeps the first n nodes (a best-first prefix: still a tree).
+void truncate_merged(MergedTree & m, int n);
+
+}  // namespace pdf2

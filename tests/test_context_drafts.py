@@ -1,0 +1,344 @@
+"""Drafts from the context merged with the DFlash2 lattice into one verified tree (issue 35).
+
+- The merged tree equals a float64 reference of best-first expansion over the union of both
+  sources (shared prefixes merged, each estimate capped by its parent's, at most max_leaves leaves).
+- Greedy with context drafts equals plain greedy decoding (bit-identical on a batch-invariant
+  build, up to a near-tie elsewhere: tests/lossless.py), on prompts that repeat their context so
+  that context drafts are both accepted and rejected: context drafts alone (no drafter), merged
+  with the lattice's tree, at a fixed budget and with the cost model choosing.
+- Sampling with context drafts (point-mass candidates beside the lattice's) follows the target's
+  exact law after its chain (one-sample test, tests/sampling_law.py).
+- After many merged-tree steps the target's KV cache holds exactly the committed tokens.
+- The server engine's global cache: one per key (a key's past outputs draft only for that key),
+  and bounded.
+All on the hot-token tiny target with a random DFlash2 drafter.
+"""
+
+from __future__ import annotations
+
+import llama_cpp
+import numpy as np
+import pytest
+from conftest import HOT
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lossless import DELTA_TINY, check_greedy, plain_greedy
+from sampling_law import Chain, ExactLaw, TargetLogits, as_draw, sequential_test
+
+from pydflash2 import exactness
+from pydflash2._native import ffi, lib
+from pydflash2.context_drafts import limits
+from pydflash2.speculator import Speculator, load_target
+
+N_CTX = 448
+N_TOKENS = 40
+
+# Prompts whose answers repeat what they were given (the tiny target writes its hot tokens; a
+# prompt full of them gives the context index earlier occurrences to propose from).
+REPEATING = [
+    " the west wes the west the a the wes he the",
+    "he t a the the west es w he t he a es the",
+    " w es w es the the a t he es w es the the a t he",
+    "Once upon a time the west was the west of the east",
+]
+
+
+# ---------------------------------------------------------------- the merge, against float64
+
+def _merge_native(lat: dict, ctx: dict, budget: int, max_leaves: int) -> list[tuple]:
+    def arrays(src: dict) -> tuple:
+        n = len(src["parent"])
+        return (ffi.new("int32_t[]", src["parent"] or [0]), ffi.new("int32_t[]", src["token"] or [0]),
+                ffi.new("double[]", src["p"] or [0.0]), ffi.new("double[]", src["logp"] or [0.0]), n)
+
+    la, ca = arrays(lat), arrays(ctx)
+    cap = max(budget, 1)
+    n = ffi.new("int32_t *")
+    parent, depth, token = (ffi.new("int32_t[]", cap) for _ in range(3))
+    origin = ffi.new("uint8_t[]", cap)
+    logp = ffi.new("double[]", cap)
+    rc = lib.pdf2_merge_draft_trees(*la, *ca, budget, max_leaves, n, parent, depth, token, origin, logp)
+    assert rc == 0
+    return [(parent[i], depth[i], token[i], origin[i], logp[i]) for i in range(n[0])]
+
+
+def _merge_reference(lat: dict, ctx: dict, budget: int, max_leaves: int) -> list[tuple]:
+    """Best-first expansion over the union, written from the definition in float64."""
+    nodes: list[dict] = []  # union nodes in the order they were added
+    index: dict[tuple[int, int], int] = {}
+    for bit, src in ((1, lat), (2, ctx)):
+        at: list[int] = []
+        for parent, token, p in zip(src["parent"], src["token"], src["p"], strict=True):
+            up = -1 if parent < 0 else at[parent]
+            key = (up, token)
+            if key not in index:
+                index[key] = len(nodes)
+                nodes.append({"parent": up, "token": token, "p": 0.0, "origin": 0,
+                              "depth": 1 if up < 0 else nodes[up]["depth"] + 1})
+            u = nodes[index[key]]
+            u["p"] = max(u["p"], float(p))
+            u["origin"] |= bit
+            at.append(index[key])
+    for u in nodes:  # parents first
+        u["p"] = min(1.0, u["p"]) if u["parent"] < 0 else min(u["p"], nodes[u["parent"]]["p"])
+    order = sorted(range(len(nodes)), key=lambda i: (-nodes[i]["p"], i))
+    out: list[tuple] = []
+    placed: dict[int, int] = {}
+    children: dict[int, int] = {}
+    leaves = 0
+    for i in order:
+        if len(out) >= budget:
+            break
+        u = nodes[i]
+        if u["parent"] >= 0 and u["parent"] not in placed:
+            continue
+        new_leaf = u["parent"] < 0 or children.get(u["parent"], 0) > 0
+        if new_leaf and leaves >= max_leaves:
+            continue
+        leaves += new_leaf
+        if u["parent"] >= 0:
+            children[u["parent"]] = children.get(u["parent"], 0) + 1
+        placed[i] = len(out)
+        out.append((-1 if u["parent"] < 0 else placed[u["parent"]], u["depth"], u["token"], u["origin"],
+                    float(np.log(u["p"])) if u["p"] > 0 else -np.inf))
+    return out
+
+
+@st.composite
+def tries(draw: st.DrawFn, max_nodes: int, alphabet: int) -> dict:
+    """A random trie: each node under an earlier one (or the root), distinct tokens among siblings,
+    estimates from a small set (ties happen) that need not decrease (the merge caps them)."""
+    n = draw(st.integers(0, max_nodes))
+    parent: list[int] = []
+    token: list[int] = []
+    for v in range(n):
+        parent.append(draw(st.integers(-1, v - 1)))
+        token.append(draw(st.integers(0, alphabet - 1)))
+    seen: set[tuple[int, int]] = set()
+    keep = [v for v in range(n) if (parent[v], token[v]) not in seen and not seen.add((parent[v], token[v]))]
+    # drop duplicates and whatever hung under them
+    alive: dict[int, int] = {}
+    out = {"parent": [], "token": [], "p": [], "logp": []}
+    for v in range(n):
+        if v not in keep or (parent[v] >= 0 and parent[v] not in alive):
+            continue
+        alive[v] = len(out["parent"])
+        out["parent"].append(-1 if parent[v] < 0 else alive[parent[v]])
+        out["token"].append(token[v])
+        p = draw(st.sampled_from([0.0, 0.05, 0.1, 0.25, 0.5, 0.5, 0.8, 1.0]))
+        out["p"].append(p)
+        out["logp"].append(float(np.log(p)) if p > 0 else -1e9)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(lat=tries(24, 3), ctx=tries(24, 3), budget=st.integers(0, 30), max_leaves=st.integers(0, 9))
+def test_merged_tree_equals_the_float64_reference(lat, ctx, budget, max_leaves) -> None:
+    got = _merge_native(lat, ctx, budget, max_leaves)
+    want = _merge_reference(lat, ctx, budget, max_leaves)
+    assert [g[:4] for g in got] == [w[:4] for w in want]
+    np.testing.assert_allclose([g[4] for g in got], [w[4] for w in want], rtol=0, atol=1e-12)
+    # a best-first prefix is a tree: every parent comes first
+    assert all(parent < i for i, (parent, *_) in enumerate(got))
+
+
+def test_merge_refuses_bad_input() -> None:
+    n = ffi.new("int32_t *")
+    bad_parent = ffi.new("int32_t[]", [1])  # a node under a later one
+    one = ffi.new("int32_t[]", [5])
+    p = ffi.new("double[]", [0.5])
+    assert lib.pdf2_merge_draft_trees(bad_parent, one, p, p, 1, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, 0, 4, 4, n,
+                                      ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL) == -1
+    from pydflash2._native import last_error
+
+    assert "parent" in last_error()
+    assert lib.pdf2_merge_draft_trees(ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, 3, ffi.NULL, ffi.NULL, ffi.NULL,
+                                      ffi.NULL, 0, 4, 4, n, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL) == -1
+    assert "NULL" in last_error()
+
+
+# ---------------------------------------------------------------- lossless, on the tiny target
+
+@pytest.fixture(scope="module")
+def llm(hot_pair) -> llama_cpp.Llama:
+    """A context made for context drafts (unified KV cache, their sequences, flash attention) under 512
+    cells, where flash attention is batch-invariant (pydflash2.exactness)."""
+    llm, _ = load_target(hot_pair[0], n_ctx=N_CTX, n_threads=1, tree_budget=16, context_drafts="request")
+    return llm
+
+
+@pytest.fixture(scope="module")
+def exact(llm) -> bool:
+    inv = exactness.llama_invariance(llm)
+    return inv.batch_invariant and inv.max_batch is None
+
+
+def _ids(llm: llama_cpp.Llama, text: str) -> list[int]:
+    return llm.tokenize(text.encode(), add_bos=True, special=False)
+
+
+CONFIGS = {
+    # name: Speculator arguments besides the target
+    "context alone": dict(draft=None, n_max=0),
+    "merged, tree 16": dict(n_max=7, tree_budget=16),
+    "merged, auto": dict(n_max="auto", tree_budget="auto"),
+    "merged, chain auto": dict(n_max="auto"),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_greedy_with_context_drafts_is_plain_greedy(hot_pair, llm, exact, name) -> None:
+    kwargs = dict(CONFIGS[name])
+    draft = kwargs.pop("draft", str(hot_pair[1]))
+    plain = {p: plain_greedy(llm, _ids(llm, p), N_TOKENS) for p in REPEATING}
+    drafted = accepted = steps = committed = 0
+    with Speculator(llm, draft, context_drafts="request", **kwargs) as spec:
+        if kwargs.get("tree_budget") == "auto" or kwargs.get("n_max") == "auto":
+            # rows nearly free (a GPU's case), so that the cost model verifies context trees
+            spec.set_costs([0.01 + 0.0001 * b for b in range(spec.max_verify_rows)], [0.002] * spec.max_draft)
+        for p in REPEATING:
+            out = spec.generate(_ids(llm, p), max_tokens=N_TOKENS)
+            check_greedy(out.tokens, plain[p], exact=exact, delta=DELTA_TINY, what=(name, p))
+            drafted += out.stats["context_drafted"]
+            accepted += out.stats["context_accepted"]
+            steps += out.stats["n_steps"]
+            committed += out.stats["n_generated"] - 1
+    print(f"{name}: context nodes {accepted} accepted of {drafted}, tau {committed / max(steps, 1):.2f}")
+    assert 0 < accepted < drafted  # context drafts were both accepted and rejected
+
+
+def test_context_drafts_alone_skip_the_drafter(hot_pair, llm) -> None:
+    """With costs where the drafter's propose is dear, a matching context is verified alone."""
+    with Speculator(llm, str(hot_pair[1]), n_max="auto", context_drafts="request") as spec:
+        spec.set_costs([0.01 + 0.0001 * b for b in range(spec.max_verify_rows)], [0.5] * spec.max_draft)
+        out = spec.generate(_ids(llm, REPEATING[0]), max_tokens=N_TOKENS)
+    assert out.stats["propose_skipped"] > 0 and out.stats["context_accepted"] > 0
+
+
+def test_context_paths_go_deeper_than_the_block(hot_pair, llm, exact) -> None:
+    """A long repeated span: one step commits more tokens than the drafter's block holds."""
+    text = " the west wes he a t" * 6
+    ids = _ids(llm, text)
+    want = plain_greedy(llm, ids, 64)
+    with Speculator(llm, None, n_max=0, context_drafts="request") as spec:
+        spec.set_costs([0.01 + 0.0001 * b for b in range(spec.max_verify_rows)], [])
+        out = spec.generate(ids, max_tokens=64)
+    check_greedy(out.tokens, want, exact=exact, delta=DELTA_TINY, what="deep")
+    accepted = out.stats["accepted_per_position"]
+    print(f"tau {out.stats['tau']:.2f}, accepted per depth {accepted}")
+    assert len(accepted) == limits().max_depth and any(accepted[7:])  # past a block of 7
+
+
+class _ContextDraws:
+    """draw(seed): the first n tokens of a generation, counting the context's drafts."""
+
+    def __init__(self, spec: Speculator, ids: list[int], chain: Chain, end: int, n: int) -> None:
+        self.spec, self.ids, self.chain, self.end, self.n = spec, ids, chain, end, n
+        self.drafted = self.accepted = self.lattice = 0
+
+    def __call__(self, seed: int):
+        out = self.spec.generate(self.ids, max_tokens=self.n, seed=seed, **self.chain.kwargs())
+        self.drafted += out.stats["context_drafted"]
+        self.accepted += out.stats["context_accepted"]
+        self.lattice += out.stats["lattice_drafted"]
+        return as_draw(out.tokens, out.finish_reason == "eos", self.end, self.n)
+
+
+@pytest.mark.parametrize("chain, wrong", [
+    (Chain(temperature=1.0), Chain(temperature=0.85)),
+    (Chain(temperature=0.7, top_p=0.9), Chain(temperature=0.85, top_p=0.9)),
+])
+def test_sampling_with_context_drafts_follows_the_exact_law(hot_pair, llm, chain, wrong) -> None:
+    """The first 4 tokens of merged trees (context nodes are point masses beside the lattice's)."""
+    n = 4
+    ids = _ids(llm, REPEATING[0])
+    logits = TargetLogits(str(hot_pair[0]), ids, flash_attn=True)
+    true_law, wrong_law = ExactLaw(logits, chain), ExactLaw(logits, wrong)
+    try:
+        with Speculator(llm, str(hot_pair[1]), n_max=7, tree_budget=8, context_drafts="request") as spec:
+            draws = _ContextDraws(spec, ids, chain, true_law.END, n)
+            sequential_test(draws, true_law, wrong_law, n, what=f"context T={chain.temperature}")
+    finally:
+        logits.close()
+    print(f"context nodes accepted {draws.accepted} of {draws.drafted}; lattice nodes {draws.lattice}")
+    assert 0 < draws.accepted < draws.drafted and draws.lattice > 0
+
+
+def test_kv_holds_exactly_the_committed_tokens_after_merged_trees(hot_pair, llm, exact) -> None:
+    """After a long generation of merged trees: the slot's sequence ends at the last committed
+    position, every branch sequence is empty, and the next token's logits equal those of a fresh
+    context that prefilled the same text."""
+    with Speculator(llm, str(hot_pair[1]), n_max=7, tree_budget=16, context_drafts="request") as spec:
+        prompt = _ids(llm, REPEATING[1] * 3)
+        out = spec.generate(prompt, max_tokens=120)
+        assert out.stats["n_steps"] > 10 and out.stats["context_accepted"] > 10
+        ctx = spec._capturing.ctx if spec._capturing is not None else llm._ctx.ctx
+        mem = llama_cpp.llama_get_memory(ctx)
+        text = prompt + out.tokens
+        assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == len(text) - 2
+        for b in range(1, int(llm.context_params.n_seq_max)):
+            assert llama_cpp.llama_memory_seq_pos_max(mem, b) == -1, b
+        n_vocab = llm.n_vocab()
+        batch = llama_cpp.llama_batch_get_one((llama_cpp.llama_token * 1)(text[-1]), 1)
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+        got = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).copy()
+    ref, _ = load_target(hot_pair[0], n_ctx=N_CTX, n_threads=1, lazy_head=False, flash_attn=True)
+    ref.eval(text)
+    want = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ref._ctx.ctx, -1), shape=(n_vocab,)).copy()
+    ref.close()
+    if exact:
+        np.testing.assert_array_equal(got, want)
+    else:
+        assert np.max(np.abs(got - want)) < 2 * 1.64, np.max(np.abs(got - want))
+
+
+def test_bad_context_drafts_arguments(hot_pair) -> None:
+    plain_llm = llama_cpp.Llama(str(hot_pair[0]), n_ctx=256, n_threads=1, verbose=False)
+    with pytest.raises(ValueError, match="unified KV cache"):
+        Speculator(plain_llm, None, n_max=0, context_drafts="request")
+    with pytest.raises(ValueError, match="context_drafts"):
+        Speculator(plain_llm, None, n_max=0, context_drafts="sometimes")
+    plain_llm.close()
+
+
+# ---------------------------------------------------------------- the server engine's global cache
+
+def _run_engine(engine, slot: int, ids: list[int], key: str, n: int) -> tuple[list[int], dict]:
+    engine.start(slot, ids, max_tokens=n, context_key=key)
+    out: list[int] = []
+    while len(out) < n:
+        committed = engine.step()[slot]
+        assert committed is not None
+        out += committed
+    stats = engine.slot_stats(slot)
+    engine.stop(slot)
+    return out[:n], stats
+
+
+def test_global_cache_is_per_key_and_bounded(hot_pair, llm, exact) -> None:
+    """Past outputs draft for their own key only: the same prompt again under key a is drafted from
+    a's last output (its first tokens, which its own prompt does not hold), under key b it is not.
+    The answers are plain greedy's either way. Many requests later the cache is within its bounds."""
+    from pydflash2.server.engine import BatchEngine
+
+    engine = BatchEngine(hot_pair[0], hot_pair[1], n_slots=2, n_ctx=N_CTX, n_threads=1, n_max="auto",
+                         context_drafts="global")
+    try:
+        engine.set_costs([0.01 + 0.0001 * b for b in range(engine.max_verify_rows)], [0.002] * engine.max_draft)
+        prompt = _ids(llm, "Once upon a time")
+        want = plain_greedy(llm, prompt, N_TOKENS)
+        first, _ = _run_engine(engine, 0, prompt, "a", N_TOKENS)
+        again, stats_a = _run_engine(engine, 0, prompt, "a", N_TOKENS)
+        other, stats_b = _run_engine(engine, 1, prompt, "b", N_TOKENS)
+        for out in (first, again, other):
+            check_greedy(out, want, exact=False, delta=DELTA_TINY, what="global")
+        print(f"key a again: {stats_a['context_accepted']} context drafts accepted, key b: {stats_b['context_accepted']}")
+        assert stats_a["context_accepted"] > stats_b["context_accepted"]
+        # a soak: 40 requests under 4 keys, each cache keeping few documents
+        engine.set_context_cache_limits(max_keys=3, max_documents=2, max_tokens=64)
+        for i in range(40):
+            _run_engine(engine, i % 2, _ids(llm, REPEATING[i % len(REPEATING)]), f"k{i % 4}", 12)
+            c = engine.stats()["context"]
+            assert c["cache_keys"] <= 3 and c["cache_documents"] <= 3 * 2 and c["cache_tokens"] <= 3 * 64, c
+    finally:
+        engine.close()
