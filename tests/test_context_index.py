@@ -5,6 +5,8 @@ every append or add, with weakened hashes so that collisions are common too."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -107,6 +109,34 @@ def test_cache_matches_the_reference_after_every_add(case: tuple[int, list[list[
                 for depth in (1, 4):
                     want = reference_cache_propose(kept, query, depth, max_ngram, min_ngram, max_occ)
                     assert cache.propose(query, depth) == want, (kept, query, depth, max_ngram, min_ngram, max_occ)
+
+
+@pytest.mark.parametrize("hash_bits", [64, 6])
+def test_long_stream_and_many_evictions(hash_bits: int) -> None:
+    # beyond the hypothesis sizes: the tables grow and rehash many times, the cache evicts hundreds
+    # of documents (and erases their n-grams) before the checks
+    rng = random.Random(hash_bits)
+    for alphabet in (3, 40):
+        tokens = [rng.randrange(alphabet) for _ in range(1500)]
+        idx = NativeContextIndex(12, 1, 8, hash_bits=hash_bits)
+        for start in range(0, len(tokens), 100):
+            idx.append(tokens[start : start + 100])
+            assert idx.propose(6) == reference_index_propose(tokens[: start + 100], 6, 12, 1, 8)
+        cache = NativeContextCache(8, 1, 4, max_documents=50, max_tokens=300, hash_bits=hash_bits)
+        added: list[list[int]] = []
+        for k in range(400):
+            doc = [rng.randrange(alphabet) for _ in range(rng.randrange(0, 30))]
+            cache.add(doc)
+            added.append(doc)
+            if k % 50 == 49:
+                kept = reference_cache_documents(added, 50, 300)
+                assert (cache.n_documents, cache.n_tokens) == (len(kept), sum(map(len, kept)))
+                for _ in range(5):
+                    query = [rng.randrange(alphabet) for _ in range(rng.randrange(1, 6))]
+                    assert cache.propose(query, 5) == reference_cache_propose(kept, query, 5, 8, 1, 4)
+                d = rng.choice(kept)
+                query = d[: rng.randrange(1, len(d) + 1)]
+                assert cache.propose(query, 5) == reference_cache_propose(kept, query, 5, 8, 1, 4)
 
 
 def test_cache_bounds_and_document_boundaries() -> None:
