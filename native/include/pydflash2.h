@@ -146,6 +146,58 @@ int pdf2_merge_draft_trees(const int32_t * lat_parent, const int32_t * lat_token
  * (the node budget an engine's context_nodes asks for), and its deepest path. */
 void pdf2_context_draft_limits(int32_t * max_nodes, int32_t * max_branches, int32_t * max_depth);
 
+/* ---- Context drafts: what followed earlier occurrences of a stream's suffix ----
+ * A hashed n-gram index over one stream (prompt lookup): propose merges, into a trie, the
+ * continuations (up to max_depth tokens) of the max_occurrences most recent earlier occurrences of
+ * the stream's longest suffix (min_ngram..max_ngram tokens) that occurs earlier. Writes *n_nodes and
+ * per node, first seen first (a parent before its children, occurrences most recent first): parent
+ * (-1 = under the stream's last token), depth (1..max_depth), token and count (the occurrences
+ * through it); *match_length (0: no match, no nodes) and *n_occurrences. capacity must be at least
+ * max_depth x max_occurrences; outputs other than n_nodes may be NULL, else hold capacity entries.
+ * The cache is the same over past outputs (documents), the oldest dropped beyond max_documents or
+ * max_tokens (a document longer than max_tokens, or empty, is not kept); it proposes for another
+ * stream's suffix (query), a match and its continuation within one document. The per-key caches
+ * keep one such cache per key (an API key), the least recently used key dropped beyond max_keys.
+ * set_hash_bits (tests, before the first append/add) keeps `bits` bits of each n-gram hash so that
+ * collisions are common. 0 / -1, a new handle / NULL, with pdf2_last_error() saying why. */
+typedef struct pdf2_context_index pdf2_context_index;
+pdf2_context_index * pdf2_context_index_new(int32_t max_ngram, int32_t min_ngram, int32_t max_occurrences);
+void pdf2_context_index_free(pdf2_context_index * idx);
+int pdf2_context_index_set_hash_bits(pdf2_context_index * idx, int32_t bits);
+int pdf2_context_index_append(pdf2_context_index * idx, const int32_t * tokens, int32_t n);
+int64_t pdf2_context_index_size(const pdf2_context_index * idx);
+int pdf2_context_index_propose(const pdf2_context_index * idx, int32_t max_depth, int32_t capacity, int32_t * n_nodes,
+                               int32_t * parent, int32_t * depth, int32_t * token, int32_t * count,
+                               int32_t * match_length, int32_t * n_occurrences);
+
+typedef struct pdf2_context_cache pdf2_context_cache;
+pdf2_context_cache * pdf2_context_cache_new(int32_t max_ngram, int32_t min_ngram, int32_t max_occurrences,
+                                            int32_t max_documents, int64_t max_tokens);
+void pdf2_context_cache_free(pdf2_context_cache * cache);
+int pdf2_context_cache_set_hash_bits(pdf2_context_cache * cache, int32_t bits);
+int pdf2_context_cache_add(pdf2_context_cache * cache, const int32_t * tokens, int32_t n);
+int pdf2_context_cache_propose(const pdf2_context_cache * cache, const int32_t * query, int32_t n_query,
+                               int32_t max_depth, int32_t capacity, int32_t * n_nodes, int32_t * parent,
+                               int32_t * depth, int32_t * token, int32_t * count, int32_t * match_length,
+                               int32_t * n_occurrences);
+int64_t pdf2_context_cache_n_documents(const pdf2_context_cache * cache);
+int64_t pdf2_context_cache_n_tokens(const pdf2_context_cache * cache);
+
+typedef struct pdf2_context_caches pdf2_context_caches;
+pdf2_context_caches * pdf2_context_caches_new(int32_t max_ngram, int32_t min_ngram, int32_t max_occurrences,
+                                              int32_t max_documents, int64_t max_tokens, int32_t max_keys);
+void pdf2_context_caches_free(pdf2_context_caches * caches);
+/* add and propose make the key's cache if it has none, and make the key the most recently used. */
+int pdf2_context_caches_add(pdf2_context_caches * caches, const char * key, const int32_t * tokens, int32_t n);
+int pdf2_context_caches_propose(pdf2_context_caches * caches, const char * key, const int32_t * query,
+                                int32_t n_query, int32_t max_depth, int32_t capacity, int32_t * n_nodes,
+                                int32_t * parent, int32_t * depth, int32_t * token, int32_t * count,
+                                int32_t * match_length, int32_t * n_occurrences);
+int64_t pdf2_context_caches_n_keys(const pdf2_context_caches * caches);
+/* 1 if the key has a cache, 0 if not (not a use); n_documents: its documents (0 without a cache). */
+int pdf2_context_caches_contains(const pdf2_context_caches * caches, const char * key);
+int64_t pdf2_context_caches_n_documents(const pdf2_context_caches * caches, const char * key);
+
 /* ---- Draft length: the cost model behind n_max = auto ----
  * For every draft count n = 0..n_draft (n_verify = n_draft + 1 verify costs, verify_s[B-1] for B rows;
  * draft_s[n-1]; acceptance[i-1] = conditional acceptance of block position i, n_draft values) writes

@@ -190,7 +190,15 @@ void check_index_options(const ContextIndexOptions & o) {
 // Merges continuations into a trie, in the order ContextPaths documents: nodes first seen first.
 class TrieBuilder {
   public:
-    explicit TrieBuilder(ContextPaths & out) : out_(out) {}
+    // nodes: at most max_depth per continuation (reserved so that a query allocates once)
+    TrieBuilder(ContextPaths & out, size_t nodes) : out_(out) {
+        first_child_.reserve(nodes);
+        next_sibling_.reserve(nodes);
+        out_.parent.reserve(nodes);
+        out_.depth.reserve(nodes);
+        out_.token.reserve(nodes);
+        out_.count.reserve(nodes);
+    }
 
     // Walks one continuation down from the root; `at(d)` is its d-th token (d = 0..len-1).
     template <typename At>
@@ -277,8 +285,11 @@ void ContextIndex::propose(int max_depth, ContextPaths & out) const {
         return;
     }
     uint64_t hashes[kMaxNgram];
-    const int n_max = context_detail::suffix_hashes(tokens_, size, static_cast<int>(std::min(static_cast<size_t>(opts_.max_ngram), size - 1)), hashes);
+    // a suffix as long as the stream has no earlier occurrence
+    const int longest = static_cast<int>(std::min(static_cast<size_t>(opts_.max_ngram), size - 1));
+    const int n_max = context_detail::suffix_hashes(tokens_, size, longest, hashes);
     std::vector<int64_t> found;
+    found.reserve(static_cast<size_t>(std::min(opts_.max_occurrences, 64)));
     for (int n = n_max; n >= opts_.min_ngram; --n) {
         const llama_token * suffix = tokens_.data() + size - static_cast<size_t>(n);
         for (int64_t e = table_.latest(n, hashes[n - 1]);
@@ -292,7 +303,7 @@ void ContextIndex::propose(int max_depth, ContextPaths & out) const {
             break;
         }
     }
-    TrieBuilder trie(out);
+    TrieBuilder trie(out, std::min<size_t>(found.size() * static_cast<size_t>(std::max(max_depth, 0)), 4096));
     for (const int64_t e : found) {
         const size_t after = size - 1 - static_cast<size_t>(e);  // >= 1: e has a token after it
         const size_t len = std::min(after, static_cast<size_t>(std::max(max_depth, 0)));
@@ -332,7 +343,8 @@ void ContextCache::add(const llama_token * doc, size_t n) {
     uint64_t hashes[kMaxNgram];
     for (size_t i = 0; i < n; ++i) {
         // the n-grams ending at i within the document, when a token follows in it
-        const int count = i + 1 < n ? context_detail::suffix_hashes(doc, i + 1, opts_.index.max_ngram, hashes) : 0;
+        const int count =
+            i + 1 < n ? context_detail::suffix_hashes(doc, i + 1, opts_.index.max_ngram, hashes) : 0;
         table_.push_back(hashes, count);
     }
     documents_.push_back(Document{start, start + static_cast<int64_t>(n)});
@@ -344,7 +356,8 @@ void ContextCache::evict_oldest() {
     const size_t n = static_cast<size_t>(d.end - d.start);
     uint64_t hashes[kMaxNgram];
     for (size_t i = 0; i < n; ++i) {
-        const int count = i + 1 < n ? context_detail::suffix_hashes(doc, i + 1, opts_.index.max_ngram, hashes) : 0;
+        const int count =
+            i + 1 < n ? context_detail::suffix_hashes(doc, i + 1, opts_.index.max_ngram, hashes) : 0;
         table_.pop_front(hashes, count);
     }
     documents_.pop_front();
@@ -377,6 +390,7 @@ void ContextCache::propose(const llama_token * query, size_t n_query, int max_de
     uint64_t hashes[kMaxNgram];
     const int n_max = context_detail::suffix_hashes(query, n_query, opts_.index.max_ngram, hashes);
     std::vector<int64_t> found;
+    found.reserve(static_cast<size_t>(std::min(opts_.index.max_occurrences, 64)));
     for (int n = n_max; n >= opts_.index.min_ngram; --n) {
         const llama_token * suffix = query + n_query - static_cast<size_t>(n);
         for (int64_t e = table_.latest(n, hashes[n - 1]);
@@ -394,7 +408,7 @@ void ContextCache::propose(const llama_token * query, size_t n_query, int max_de
             break;
         }
     }
-    TrieBuilder trie(out);
+    TrieBuilder trie(out, std::min<size_t>(found.size() * static_cast<size_t>(std::max(max_depth, 0)), 4096));
     for (const int64_t e : found) {
         const size_t after = static_cast<size_t>(document_of(e).end - 1 - e);  // >= 1 by construction
         const size_t len = std::min(after, static_cast<size_t>(std::max(max_depth, 0)));

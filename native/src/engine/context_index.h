@@ -163,7 +163,9 @@ class ContextCache {
         int64_t end;
     };
 
-    llama_token token_at(int64_t pos) const { return tokens_[tokens_front_ + static_cast<size_t>(pos - table_.base())]; }
+    llama_token token_at(int64_t pos) const {
+        return tokens_[tokens_front_ + static_cast<size_t>(pos - table_.base())];
+    }
     const Document & document_of(int64_t pos) const;
     void evict_oldest();
 
