@@ -106,7 +106,8 @@ def main() -> int:
                 vs_tau = f"{r['tau'] / base['tau']:.2f}x" if base else "-"
                 vs_rate = f"{r['rate'] / base['rate']:.2f}x" if base else "-"
                 print(f"| {name} | {r['tau']:.2f} | {vs_tau} | {r['rate']:.1f} | {vs_rate} "
-                      f"| {r['lattice_accepted']}/{r['lattice_drafted']} | {r['context_accepted']}/{r['context_drafted']} "
+                      f"| {r['lattice_accepted']}/{r['lattice_drafted']} "
+                      f"| {r['context_accepted']}/{r['context_drafted']} "
                       f"| {r['propose_skipped']} | {r['acc'] or '-'} |")
             dump[f"{set_name} T={temp:g}"] = summary
             sys.stdout.flush()

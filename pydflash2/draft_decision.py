@@ -95,7 +95,8 @@ def explain_run(costs: Mapping[str, Sequence[float]] | None, stats: Mapping[str,
     drafted, accepted = stats["drafted_per_position"], stats["accepted_per_position"]
     n_max = len(costs["draft_s"])
     acceptance = acceptance_estimate(list(drafted)[:n_max], list(accepted)[:n_max])
-    return decide(costs["verify_s"], costs["draft_s"], acceptance).message()
+    # (the costs of trees, automatic or the context's, extend verify_s beyond the chain's n_max + 1 rows)
+    return decide(costs["verify_s"][: n_max + 1], costs["draft_s"], acceptance).message()
 
 
 def explain_tree_auto(stats: Mapping[str, Any]) -> str | None:

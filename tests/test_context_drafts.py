@@ -19,7 +19,6 @@ from __future__ import annotations
 import llama_cpp
 import numpy as np
 import pytest
-from conftest import HOT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lossless import DELTA_TINY, check_greedy, plain_greedy
@@ -249,19 +248,23 @@ class _ContextDraws:
     (Chain(temperature=0.7, top_p=0.9), Chain(temperature=0.85, top_p=0.9)),
 ])
 def test_sampling_with_context_drafts_follows_the_exact_law(hot_pair, llm, chain, wrong) -> None:
-    """The first 4 tokens of merged trees (context nodes are point masses beside the lattice's)."""
+    """The first 4 tokens of merged trees (context nodes are point masses beside the lattice's). The
+    context is the Speculator's own past outputs ("global"): every draw repeats the prompt, whose
+    first token is spread (0.63, 0.21, 0.04 at T=1), and earlier draws' outputs propose what follows."""
     n = 4
-    ids = _ids(llm, REPEATING[0])
+    ids = _ids(llm, "Once upon a time")
     logits = TargetLogits(str(hot_pair[0]), ids, flash_attn=True)
     true_law, wrong_law = ExactLaw(logits, chain), ExactLaw(logits, wrong)
     try:
-        with Speculator(llm, str(hot_pair[1]), n_max=7, tree_budget=8, context_drafts="request") as spec:
+        with Speculator(llm, str(hot_pair[1]), n_max=7, tree_budget=8, context_drafts="global") as spec:
             draws = _ContextDraws(spec, ids, chain, true_law.END, n)
             sequential_test(draws, true_law, wrong_law, n, what=f"context T={chain.temperature}")
     finally:
         logits.close()
     print(f"context nodes accepted {draws.accepted} of {draws.drafted}; lattice nodes {draws.lattice}")
-    assert 0 < draws.accepted < draws.drafted and draws.lattice > 0
+    # context and lattice nodes side by side in the trees (after its first token this target is nearly
+    # deterministic, so the context's drafts are rarely wrong here: the greedy tests reject them often)
+    assert draws.accepted > 0 and draws.lattice > 0
 
 
 def test_kv_holds_exactly_the_committed_tokens_after_merged_trees(hot_pair, llm, exact) -> None:
@@ -332,7 +335,8 @@ def test_global_cache_is_per_key_and_bounded(hot_pair, llm, exact) -> None:
         other, stats_b = _run_engine(engine, 1, prompt, "b", N_TOKENS)
         for out in (first, again, other):
             check_greedy(out, want, exact=False, delta=DELTA_TINY, what="global")
-        print(f"key a again: {stats_a['context_accepted']} context drafts accepted, key b: {stats_b['context_accepted']}")
+        print(f"key a again: {stats_a['context_accepted']} context drafts accepted, "
+              f"key b: {stats_b['context_accepted']}")
         assert stats_a["context_accepted"] > stats_b["context_accepted"]
         # a soak: 40 requests under 4 keys, each cache keeping few documents
         engine.set_context_cache_limits(max_keys=3, max_documents=2, max_tokens=64)

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: list[set[str]] = [
     {"_native", "cpu_threads", "llama_ext", "text_stream", "models", "kv_memory", "grammar_limits"},
     {"info", "devices", "exactness", "capture", "drafter", "draft_costs", "draft_decision", "draft_tree", "convert",
-     "chat_template", "sampling", "_engine"},
+     "chat_template", "sampling", "context_drafts", "_engine"},
     {"speculator", "ollama"},
     {"bench", "server", "train", "random_drafter"},
     {"cli", "__main__"},

@@ -12,10 +12,10 @@ from .common import (
     add_exact_arg,
     add_flash_attn_arg,
     add_model_args,
-    context_drafts_help,
     check_kv_memory,
     check_run_args,
     context_drafts_choice,
+    context_drafts_help,
     flash_attn_choice,
     parse_context_drafts,
     parse_n_max,
@@ -28,9 +28,9 @@ from .common import (
 NAME = "generate"
 
 STATS_KEYS = ("exact", "tau", "n_max", "tree_budget", "context_drafts", "lattice_drafted", "lattice_accepted",
-              "context_drafted", "context_accepted", "propose_skipped", "tokens_per_second", "ttft_s", "draft_s", "verify_s", "inject_s",
-              "drafted_per_position", "accepted_per_position", "n_max_histogram", "total_s", "phases",
-              "drafter_graph_builds")
+              "context_drafted", "context_accepted", "propose_skipped", "tokens_per_second", "ttft_s", "draft_s",
+              "verify_s", "inject_s", "drafted_per_position", "accepted_per_position", "n_max_histogram", "total_s",
+              "phases", "drafter_graph_builds")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -38,6 +38,8 @@
 
 namespace pdf2 {
 
+class JsonWriter;
+
 // How many drafts a step verifies.
 enum class DraftLength {
     Plain,     // none: plain decoding (no drafter)
@@ -310,6 +312,7 @@ class BatchEngine {
     void commit_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     void record_drafted_step(Slot & s, int depth, int n_drafted, int k);
     void record_sources(Slot & s, const std::vector<int32_t> & path);
+    void write_context_stats(JsonWriter & w) const;  // batch_engine_stats.cpp
     void record_logprob(Slot & s, const float * logits, llama_token token);
     void add_verify_time(double seconds, double head_s0);  // verify logic, and the lazy head as decode
     void queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0);

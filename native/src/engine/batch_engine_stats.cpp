@@ -4,6 +4,25 @@
 
 namespace pdf2 {
 
+// Drafts by source (a node both sources proposed counts for both), and the global cache.
+void BatchEngine::write_context_stats(JsonWriter & w) const {
+    w.key("context").begin_object();
+    w.field("max_nodes", opts_.context_nodes);
+    w.field("lattice_nodes", stats_.n_lattice_nodes);
+    w.field("lattice_accepted", stats_.n_lattice_accepted);
+    w.field("context_nodes", stats_.n_context_nodes);
+    w.field("context_accepted", stats_.n_context_accepted);
+    w.field("context_steps", stats_.n_context_steps);
+    w.field("propose_skipped", stats_.n_propose_skipped);
+    w.key("context_accepted_per_depth").begin_array();
+    for (const int64_t x : stats_.context_accepted_per_pos) w.value(x);
+    w.end_array();
+    w.field("cache_keys", static_cast<int64_t>(context_caches_.n_keys()));
+    w.field("cache_documents", static_cast<int64_t>(context_caches_.n_documents()));
+    w.field("cache_tokens", static_cast<int64_t>(context_caches_.n_tokens()));
+    w.end_object();
+}
+
 std::string BatchEngine::stats_json() const {
     JsonWriter w;
     w.begin_object();
@@ -39,24 +58,10 @@ std::string BatchEngine::stats_json() const {
     for (const int64_t x : stats_.accepted_per_pos) w.value(x);
     w.end_array();
     if (opts_.context_nodes > 0) {
-        // drafts by source (a node both sources proposed counts for both), and the global cache
-        w.key("context").begin_object();
-        w.field("max_nodes", opts_.context_nodes);
-        w.field("lattice_nodes", stats_.n_lattice_nodes);
-        w.field("lattice_accepted", stats_.n_lattice_accepted);
-        w.field("context_nodes", stats_.n_context_nodes);
-        w.field("context_accepted", stats_.n_context_accepted);
-        w.field("context_steps", stats_.n_context_steps);
-        w.field("propose_skipped", stats_.n_propose_skipped);
-        w.key("context_accepted_per_depth").begin_array();
-        for (const int64_t x : stats_.context_accepted_per_pos) w.value(x);
-        w.end_array();
-        w.field("cache_keys", static_cast<int64_t>(context_caches_.n_keys()));
-        w.field("cache_documents", static_cast<int64_t>(context_caches_.n_documents()));
-        w.field("cache_tokens", static_cast<int64_t>(context_caches_.n_tokens()));
-        w.end_object();
+        write_context_stats(w);
     }
     int64_t busy = 0;
+
     for (const Slot & s : slots_) busy += s.state == State::Idle ? 0 : 1;
     w.field("busy_slots", busy);
     if (tree_policy_.max_budget() > 0) {
