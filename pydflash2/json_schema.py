@@ -7,7 +7,8 @@ rules that accept exactly the integers in range, the construct llama.cpp's conve
 (examples/json_schema_to_grammar.py, `_generate_min_max_int`) and later llama-cpp-python
 releases write: each length of decimal numeral between the bounds, split digit by digit into
 character classes. An open side reaches 16 digits (llama-cpp-python's `integer` rule), or the
-other bound's length if that is longer. On a `number` the bounds are accepted and not enforced,
+other bound's length if that is longer. The range rules are written here for this project (the
+construct, not upstream's code). On a `number` the bounds are accepted and not enforced,
 as in llama.cpp's converter (it has no rules for them): the client validates. A `type` list
 keeps the schema's other keywords in each alternative, as llama.cpp's converter does (0.3.36
 dropped them, bounds included, from `{"type": ["integer", "null"], "minimum": 1}`).
@@ -54,7 +55,7 @@ def check_schema(schema: Any, path: str = "") -> None:
         v = schema.get(key)
         draft4 = key.startswith("exclusive") and isinstance(v, bool)  # draft 4: a flag on minimum / maximum
         if v is not None and not draft4 and (isinstance(v, bool) or not isinstance(v, int | float)
-                                             or not math.isfinite(v)):
+                                             or (isinstance(v, float) and not math.isfinite(v))):
             raise ValueError(f"'{key}' at {path or '/'} must be a finite number, got {v!r}")
     kind = schema.get("type")
     if (kind == "integer" or (isinstance(kind, list) and "integer" in kind)) and any(k in schema for k in BOUNDS):
@@ -94,7 +95,7 @@ def integer_bounds(schema: dict[str, Any], path: str = "") -> tuple[int | None, 
     lo, hi = (max(lows) if lows else None), (min(highs) if highs else None)
     where = path or "/"
     for v in (lo, hi):
-        if v is not None and len(str(abs(v))) > MAX_BOUND_DIGITS:
+        if v is not None and abs(v) >= 10**MAX_BOUND_DIGITS:
             raise ValueError(f"integer bound at {where} has more than {MAX_BOUND_DIGITS} digits")
     if lo is not None and hi is not None and lo > hi:
         raise ValueError(f"no integer is in the range the bounds at {where} set ({lo} > {hi})")

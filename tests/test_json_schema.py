@@ -156,7 +156,8 @@ def test_random_ranges(probe: GrammarProbe, a: int | None, b: int | None) -> Non
     check_range(probe, integer_schema(lo, hi), lo, hi)
 
 
-any_bound = st.integers() | st.floats(allow_nan=False) | st.sampled_from([10**150, True, False, "3", None, [], {}])
+any_bound = st.integers() | st.floats(allow_nan=False) | st.sampled_from([10**150, -(10**400), True, False, "3", None,
+                                                                        [], {}])
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -226,9 +227,11 @@ def test_bounded_numbers_are_accepted_not_enforced(probe: GrammarProbe) -> None:
     ({"type": "object", "properties": {"n": {"type": "integer", "minimum": "3"}}}, ["'minimum'", "/properties/n"]),
     ({"type": "integer", "maximum": True}, ["'maximum'"]),
     ({"type": "integer", "minimum": 10**150}, ["100 digits"]),
+    ({"type": "integer", "maximum": -(10**400)}, ["100 digits"]),
     ({"type": "integer", "multipleOf": 2}, ["'multipleOf'"]),
     ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, ["'uniqueItems'"]),
-], ids=["empty", "empty-exclusive", "string-bound", "bool-bound", "too-long", "multipleOf", "uniqueItems"])
+], ids=["empty", "empty-exclusive", "string-bound", "bool-bound", "too-long", "far-too-long", "multipleOf",
+        "uniqueItems"])
 def test_what_stays_refused(schema: dict, words: list[str]) -> None:
     with pytest.raises(ValueError) as e:
         json_schema_grammar(schema)
