@@ -5,6 +5,7 @@ from __future__ import annotations
 from ._native import NativeError
 from .drafter import Drafter, DrafterError, DraftPath, Proposal, Walk
 from .info import DrafterFileError, inspect_drafter, native_info
+from .json_schema import json_schema_grammar
 from .ollama import ModelfileError, modelfile
 from .speculator import Completion, GenerationError, Speculator, load_target, with_lazy_head
 
@@ -23,6 +24,7 @@ __all__ = [
     "NativeError",
     "Speculator",
     "inspect_drafter",
+    "json_schema_grammar",
     "modelfile",
     "native_info",
     "load_target",

@@ -343,7 +343,8 @@ class Speculator:
         (repeat_penalty, frequency_penalty, presence_penalty over the last
         repeat_last_n generated tokens, -1: all; llama-cpp-python's
         last_n_tokens_size is 64), grammar (GBNF text with a `root` rule, e.g.
-        from llama_cpp.llama_grammar.json_schema_to_gbnf), then top_k, top_p,
+        from pydflash2.json_schema_grammar, the server's JSON-schema
+        converter), then top_k, top_p,
         min_p and temperature. Greedy output (temperature 0) is plain greedy
         decoding's with the same settings; drafts the grammar forbids are
         rejected at verification. logprobs: None (off), or N in 0..20: every

@@ -3,7 +3,8 @@
 format), issue 34's client matrix: the `llm` CLI (installed with the test
 extra), and langchain-openai, instructor, pydantic-ai and litellm (the
 `clients` extra: `pip install ".[test,clients]"`), each with plain, streamed,
-structured and tool-calling requests and `max_completion_tokens`. Slow tier
+structured (with a bounded integer field) and tool-calling requests and
+`max_completion_tokens`. Slow tier
 (`pytest -m slow tests/test_clients.py`); a client that is not installed
 skips, saying so. The tiny model's answers may be poor; the protocol may not be.
 
@@ -77,8 +78,11 @@ def test_llm_cli(server: ServerProcess, workdir: Path) -> None:
 
     assert llm("Say hello.", "-o", "max_tokens", "8").strip()  # streamed (llm's default)
     assert llm("Say hello.", "-o", "max_tokens", "8", "--no-stream").strip()
-    person = json.loads(llm("Invent a person.", "--schema", "name, age int", "-o", "max_tokens", "100"))
-    assert set(person) == {"name", "age"} and isinstance(person["age"], int)
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+              "required": ["name", "age"]}
+    person = json.loads(llm("Invent a person.", "--schema", json.dumps(schema), "-o", "max_tokens", "100"))
+    assert set(person) == {"name", "age"} and isinstance(person["age"], int) and 0 <= person["age"] <= 150
     tool = "def weather(city: str) -> str:\n    'The weather in a city.'\n    return 'sunny'\n"
     # the call, its result sent back, the next answer; SmolLM2 may call again and again, so a chain
     # limit may end it: the protocol round trip is what is checked
@@ -103,7 +107,7 @@ def test_langchain_openai(server: ServerProcess) -> None:
 
     class Person(BaseModel):
         name: str = Field(max_length=20)
-        age: int
+        age: int = Field(ge=0, le=150)  # a bounded integer: the grammar holds it in range
 
     roomy = ChatOpenAI(base_url=server.url + "/v1", api_key="none", model=MODEL, max_tokens=200, temperature=0,
                        timeout=300, max_retries=0)
@@ -125,7 +129,7 @@ def test_instructor(server: ServerProcess) -> None:
 
     class Person(BaseModel):
         name: str = Field(max_length=20)
-        age: int
+        age: int = Field(ge=0, le=150)  # a bounded integer: the grammar holds it in range
 
     base = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
     for mode in (instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA):
@@ -147,7 +151,7 @@ def test_pydantic_ai(server: ServerProcess) -> None:
 
     class Person(BaseModel):
         name: str = Field(max_length=20)
-        age: int
+        age: int = Field(ge=0, le=150)  # a bounded integer: the grammar holds it in range
 
     model = OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=server.url + "/v1", api_key="none"))
     text = Agent(model).run_sync("Say hello.", model_settings={"max_tokens": 8, "temperature": 0})
@@ -167,10 +171,13 @@ def test_litellm(server: ServerProcess) -> None:
     chunks = list(litellm.completion(messages=[{"role": "user", "content": "Say hello."}], stream=True, **kw))
     assert chunks
     tool = {"type": "function", "function": {"name": "weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                         "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"]}}}
     called = litellm.completion(messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[tool],
                                 tool_choice="required", **{**kw, "max_tokens": 200})
-    assert called.choices[0].message.tool_calls[0].function.name == "weather"
+    call = called.choices[0].message.tool_calls[0].function
+    assert call.name == "weather" and 1 <= json.loads(call.arguments)["days"] <= 7
 
 
 # ---------------------------------------------------------------- a browser

@@ -3,8 +3,9 @@
 HEAD /health, /v1/embeddings' 501, CORS (preflights and headers, any origin
 by default and a list of origins), content-part arrays, one `created` per
 stream, system_fingerprint, cached prompt tokens in usage, compressed bodies,
-tool-call arguments streamed as they are generated, and cut-off or repeated
-calls that never leak markup into `content`."""
+tool-call arguments streamed as they are generated, cut-off or repeated
+calls that never leak markup into `content`, and JSON schemas with bounded
+integers (response_format and forced tool calls): every answer in range."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import json
 from pathlib import Path
 
 import httpx
+import jsonschema
 import openai
+import pydantic
 import pydflash2_testing as testing
 import pytest
 from server_process import ServerProcess
@@ -320,3 +323,104 @@ def test_generic_format_calls_and_responses(plain_server: ServerProcess) -> None
     follow = USER + [forced["message"], {"role": "tool", "tool_call_id": calls[0]["id"], "content": "18 C"}]
     r2 = post(plain_server, "/v1/chat/completions", {**body, "messages": follow, "max_tokens": 4})
     assert r2.status_code == 200, r2.text
+
+
+# ---------------------------------------------------------------- bounded integers (issue 34, item 3)
+
+# one field per kind of bound: small ranges across the sign and the 1- / 2- / 3-digit edges, exclusive
+# bounds, and pydantic's PositiveInt (exclusiveMinimum 0, open above: up to 16 digits)
+BOUNDED = {"type": "object", "properties": {
+    "small": {"type": "integer", "minimum": 3, "maximum": 17},
+    "negative": {"type": "integer", "minimum": -17, "maximum": -3},
+    "across": {"type": "integer", "exclusiveMinimum": -10, "exclusiveMaximum": 10},
+    "edges": {"type": "integer", "minimum": 8, "maximum": 120},
+    "positive": {"type": "integer", "exclusiveMinimum": 0}},
+    "required": ["small", "negative", "across", "edges", "positive"], "additionalProperties": False}
+IN_RANGE = {"small": (3, 17), "negative": (-17, -3), "across": (-9, 9), "edges": (8, 120), "positive": (1, 10**16 - 1)}
+
+
+def assert_in_range(value: dict, ranges: dict[str, tuple[int, int]]) -> None:
+    assert set(value) == set(ranges), value
+    for k, (lo, hi) in ranges.items():
+        assert isinstance(value[k], int) and lo <= value[k] <= hi, (k, value)
+
+
+@needs_grammar
+def test_response_format_with_integer_bounds(server: ServerProcess) -> None:
+    # accepted (it was a 400), and at temperature 1 every answer parses and is in range; the numbers vary
+    seen: set[tuple] = set()
+    for seed in range(6):
+        r = post(server, "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Some numbers, as JSON."}], "max_tokens": 300, "temperature": 1.0,
+            "seed": seed, "response_format": {"type": "json_schema",
+                                              "json_schema": {"name": "n", "strict": True, "schema": BOUNDED}}})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "stop", choice
+        value = json.loads(choice["message"]["content"])
+        jsonschema.validate(value, BOUNDED)
+        assert_in_range(value, IN_RANGE)
+        seen.add(tuple(value.values()))
+    assert len(seen) > 1
+
+
+class Bounded(pydantic.BaseModel):
+    small: int = pydantic.Field(ge=3, le=17)
+    across: int = pydantic.Field(gt=-10, lt=10)
+    positive: pydantic.PositiveInt
+
+
+@needs_grammar
+def test_openai_parse_with_pydantic_bounds(server: ServerProcess) -> None:
+    # the openai SDK's parse(): pydantic's ge / le / gt / lt / PositiveInt, sent as a strict json_schema
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+    for seed in range(3):
+        done = client.chat.completions.parse(model="any", messages=[{"role": "user", "content": "Numbers."}],
+                                             response_format=Bounded, max_tokens=200, temperature=1.0, seed=seed)
+        parsed = done.choices[0].message.parsed
+        assert isinstance(parsed, Bounded)  # pydantic validated the bounds
+        assert_in_range(parsed.model_dump(), {"small": (3, 17), "across": (-9, 9), "positive": (1, 10**16 - 1)})
+
+
+BOUNDED_TOOL = {"type": "function", "function": {"name": "pick", "parameters": {
+    "type": "object", "properties": {"n": {"type": "integer", "minimum": 3, "maximum": 17},
+                                     "k": {"type": "integer", "exclusiveMinimum": -2, "exclusiveMaximum": 2}},
+    "required": ["n", "k"], "additionalProperties": False}}}
+
+
+def _forced_bounded_calls(s: ServerProcess) -> None:
+    for seed in range(4):
+        r = post(s, "/v1/chat/completions", {"messages": USER, "tools": [BOUNDED_TOOL], "tool_choice": "required",
+                                             "parallel_tool_calls": False, "max_tokens": 120, "temperature": 1.0,
+                                             "seed": seed})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", choice
+        (call,) = choice["message"]["tool_calls"]
+        assert call["function"]["name"] == "pick"
+        assert_in_range(json.loads(call["function"]["arguments"]), {"n": (3, 17), "k": (-1, 1)})
+
+
+@needs_grammar
+def test_forced_tool_call_with_bounded_integers(server: ServerProcess) -> None:
+    _forced_bounded_calls(server)  # the Hermes format
+
+
+@needs_grammar
+def test_forced_tool_call_with_bounded_integers_generic_format(plain_server: ServerProcess) -> None:
+    _forced_bounded_calls(plain_server)  # llama.cpp's generic format: the whole answer is JSON
+
+
+@needs_grammar
+def test_unenforceable_keywords_still_get_400(server: ServerProcess) -> None:
+    # what the converter cannot enforce stays a 400 naming it; a bounded number is accepted (not enforced)
+    r = post(server, "/v1/chat/completions", {"messages": USER, "max_tokens": 2, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "multipleOf": 2}}}})
+    assert r.status_code == 400 and "multipleOf" in r.json()["error"]["message"], r.text
+    r = post(server, "/v1/chat/completions", {"messages": USER, "max_tokens": 2, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 5,
+                                                                        "maximum": 4}}}})
+    assert r.status_code == 400 and "no integer" in r.json()["error"]["message"], r.text
+    r = post(server, "/v1/chat/completions", {"messages": USER, "max_tokens": 2, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "number", "minimum": 0}}}})
+    assert r.status_code == 200, r.text

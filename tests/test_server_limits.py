@@ -197,8 +197,13 @@ def test_health_answers_while_a_long_text_is_tokenised(server: ServerProcess) ->
 
 # ---------------------------------------------------------------- property: 200 or 400, never a dead server
 
+_BOUND = st.integers(-(10**20), 10**20) | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | \
+    st.sampled_from([10**150, True, "3", None])
 _LEAF = st.sampled_from([{"type": "string"}, {"type": "integer"}, {"type": "boolean"}, {"enum": ["a", "b"]},
-                         {"type": "string", "maxLength": 3000}, {"type": "string", "maxLength": 8}])
+                         {"type": "string", "maxLength": 3000}, {"type": "string", "maxLength": 8}]) | \
+    st.builds(lambda t, bounds: {"type": t, **bounds}, st.sampled_from(["integer", "number", ["integer", "null"]]),
+              st.dictionaries(st.sampled_from(["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]), _BOUND,
+                              max_size=4))  # integer ranges (issue 34): any bounds, empty and absurd ones included
 
 
 def _schemas() -> st.SearchStrategy:

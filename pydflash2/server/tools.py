@@ -27,9 +27,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from llama_cpp.llama_grammar import SchemaConverter
-
-from . import grammars
+from .. import json_schema
 
 
 @dataclass(frozen=True)
@@ -91,7 +89,7 @@ class ToolCallFormat:
 
     def grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
         """GBNF whose sentences are calls of these tools in this format (llama-cpp-python's
-        JSON-schema converter writes the JSON; this adds what wraps it). ValueError for
+        JSON-schema converter, pydflash2.json_schema, writes the JSON; this adds what wraps it). ValueError for
         parameters the converter cannot express."""
         call = {"anyOf": [{
             "type": "object",
@@ -99,9 +97,8 @@ class ToolCallFormat:
             "required": ["name", self.arguments_key],
         } for t in tools]}
         for t in tools:
-            grammars.check_schema(t.get("parameters"), f"/{t['name']}")
-        conv = SchemaConverter(prop_order={"name": 0, self.arguments_key: 1}, allow_fetch=False, dotall=False,
-                               raw_pattern=False)
+            json_schema.check_schema(t.get("parameters"), f"/{t['name']}")
+        conv = json_schema.converter({"name": 0, self.arguments_key: 1})
         rule = conv.visit(conv.resolve_refs(call, "tools"), "tool-call")
         if self.name == "hermes":
             one = f'"<tool_call>\\n" {rule} "\\n</tool_call>"'
@@ -187,11 +184,10 @@ def generic_schema(tools: list[dict[str, Any]], parallel: bool, required: bool) 
 
 
 def generic_grammar(tools: list[dict[str, Any]], parallel: bool, required: bool) -> str:
-    """GBNF of generic_schema (llama-cpp-python's converter). ValueError for parameters it cannot express."""
+    """GBNF of generic_schema (pydflash2.json_schema's converter). ValueError for parameters it cannot express."""
     for t in tools:
-        grammars.check_schema(t.get("parameters"), f"/{t['name']}")
-    conv = SchemaConverter(prop_order={"tool_calls": 0, "tool_call": 0, "response": 0, "name": 1, "arguments": 2},
-                           allow_fetch=False, dotall=False, raw_pattern=False)
+        json_schema.check_schema(t.get("parameters"), f"/{t['name']}")
+    conv = json_schema.converter({"tool_calls": 0, "tool_call": 0, "response": 0, "name": 1, "arguments": 2})
     conv.visit(conv.resolve_refs(generic_schema(tools, parallel, required), "tools"), "")
     return conv.format_grammar()
 
