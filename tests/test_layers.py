@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: list[set[str]] = [
     {"_native", "cpu_threads", "llama_ext", "text_stream", "models", "kv_memory", "grammar_limits"},
     {"info", "devices", "exactness", "capture", "drafter", "draft_costs", "draft_decision", "draft_tree", "convert",
-     "chat_template", "sampling", "context_drafts", "_engine"},
+     "chat_template", "sampling", "context_drafts", "json_schema", "_engine"},
     {"speculator", "ollama"},
     {"bench", "server", "train", "random_drafter"},
     {"cli", "__main__"},
@@ -148,7 +148,8 @@ ENGINE = ROOT / "native" / "src" / "engine"
 MAX_FUNCTION_LINES = 80
 # the step's parts: the planner and the batch builder are BatchEngine's; these know nothing of it
 ENGINE_BELOW_STEP = ("cost_model", "draft_length", "tree_budget", "verify", "draft_source", "dflash_draft_source",
-                     "target_sampling", "target_runner", "lazy_head", "batch_invariance")
+                     "target_sampling", "target_runner", "lazy_head", "batch_invariance", "path_calibration",
+                     "context_index", "context_draft_source", "merged_draft_tree")
 
 
 def function_lengths(path: Path) -> dict[str, int]:

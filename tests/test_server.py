@@ -57,9 +57,11 @@ def server(models: dict[str, Path], workdir: Path):
 
 @pytest.fixture(scope="module")
 def one_slot(models: dict[str, Path], workdir: Path):
-    """One slot, one waiting place: for queue overflow and disconnects."""
+    """One slot, one waiting place: for queue overflow and disconnects. No context drafts: they write the
+    tiny target's repetitive answers dozens of tokens a step, and these tests need answers that take time."""
     s = ServerProcess(["--model", str(models["target"]), "--draft", str(models["draft"]), "--parallel", "1",
-                       "--n-ctx", "2048", "--n-max", str(N_MAX), "--max-queue", "1"], workdir)
+                       "--n-ctx", "2048", "--n-max", str(N_MAX), "--max-queue", "1", "--context-drafts", "off"],
+                      workdir)
     yield s
     s.stop()
 

@@ -18,11 +18,6 @@ using Clock = std::chrono::steady_clock;
 constexpr int MAX_SLOTS = 64;
 constexpr uint32_t BATCH_ROWS = 512;
 constexpr int MAX_TREE_BUDGET = 255;
-// The global context cache's default bounds: its index takes about 200 bytes a token (n-grams of
-// 1..12 tokens), so at most 16 keys x 128K tokens, about 400 MB, however many keys call.
-constexpr size_t CONTEXT_CACHE_KEYS = 16;
-constexpr int CONTEXT_CACHE_DOCUMENTS = 256;
-constexpr size_t CONTEXT_CACHE_TOKENS = size_t{1} << 17;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -179,10 +174,7 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
     step_width_ = std::max(max_draft_, opts.context_nodes > 0 ? kContextMaxDepth : 0);
     stats_.accepted_per_pos.assign(static_cast<size_t>(step_width_), 0);
     stats_.context_accepted_per_pos.assign(static_cast<size_t>(step_width_), 0);
-    if (opts.context_nodes > 0) {
-        for (Slot & s : slots_) s.drafting.context = std::make_unique<ContextDraftSource>(context_calibration_);
-        set_context_cache_limits(CONTEXT_CACHE_KEYS, CONTEXT_CACHE_DOCUMENTS, CONTEXT_CACHE_TOKENS);
-    }
+    if (opts.context_nodes > 0) init_context();
     if (feed_drafters_) {
         // feature rows are copied at every step and prompt chunk: buffers of their largest size
         // from the start (address space only until used), so that requests of varying lengths
@@ -317,34 +309,8 @@ void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, std::
     s.request.stats.n_max_used.assign(static_cast<size_t>(max_draft_) + 1, 0);
     stats_.n_prompt_reused += keep;
     s.drafting.policy = shared_policy_;  // the costs, and the acceptance seen so far
-    if (s.drafting.context != nullptr) {
-        if (s.context_mode == ContextDrafts::Off) {
-            s.drafting.context->finish();
-        } else {
-            s.drafting.context->start(prompt, s.context_mode == ContextDrafts::Global ? &context_caches_ : nullptr,
-                                      s.context_key);
-        }
-    }
+    start_context(s, prompt);
     s.state = State::Prefill;
-}
-
-void BatchEngine::set_context_cache_limits(size_t max_keys, int max_documents, size_t max_tokens) {
-    if (max_keys < 1 || max_documents < 1 || max_tokens < 1) {
-        throw Error("context cache limits must be >= 1");
-    }
-    ContextCacheOptions o = context_caches_.options();
-    o.max_documents = max_documents;
-    o.max_tokens = max_tokens;
-    context_caches_ = ContextCaches(o, max_keys);  // slots look their key up at each use
-}
-
-void BatchEngine::set_context_drafts(int slot, ContextDrafts mode, const std::string & key) {
-    Slot & s = slot_at(slot);
-    if (mode != ContextDrafts::Off && opts_.context_nodes == 0) {
-        throw Error("context drafts are off in this engine (it was made without context_nodes)");
-    }
-    s.context_mode = mode;
-    s.context_key = key;
 }
 
 void BatchEngine::stop(int slot) {
@@ -524,23 +490,6 @@ void BatchEngine::commit_chain(int idx, Slot & s, std::vector<int32_t> & counts,
     commit_tokens(idx, s, std::vector<llama_token>(drafts.begin(), drafts.begin() + k), v.next, counts, tokens);
 }
 
-// A verified step that drafted: per block position (tree depth) 1..depth, whether the verify
-// reached it and accepted its draft; n_drafted rows were drafted (a chain's n, a tree's nodes).
-void BatchEngine::record_drafted_step(Slot & s, int depth, int n_drafted, int k) {
-    SlotStats & st = s.request.stats;
-    st.n_spec_steps += 1;
-    for (int j = 0; j < depth && j <= k; ++j) {
-        st.drafted[static_cast<size_t>(j)] += 1;  // the verify reached position j+1
-        st.accepted[static_cast<size_t>(j)] += j < k ? 1 : 0;
-    }
-    stats_.n_drafts += 1;
-    stats_.n_draft_tokens += n_drafted;
-    stats_.n_accepted += k;
-    for (int j = 0; j < k; ++j) {
-        stats_.accepted_per_pos[static_cast<size_t>(j)] += 1;
-    }
-}
-
 // A verified tree (verify_tree): the accepted path's cells join the slot's sequence and the
 // branches are cut off.
 void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
@@ -606,49 +555,6 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
     }
     commit_tokens(idx, s, accepted, v.next, counts, tokens);
     s.rows.block.is_tree = false;
-}
-
-// A verified tree's nodes by source: the counters, and each source's calibration learns which of
-// its estimates the target accepted.
-void BatchEngine::record_sources(Slot & s, const std::vector<int32_t> & path) {
-    const DraftBlock & b = s.rows.block;
-    const int n = b.tree.size();
-    std::vector<char> accepted(static_cast<size_t>(n), 0);
-    for (const int32_t v : path) accepted[static_cast<size_t>(v)] = 1;
-    SlotStats & st = s.request.stats;
-    if (!b.has_context_nodes()) {
-        lattice_calibration_.observe(b.tree.logp, accepted);
-        stats_.n_lattice_nodes += n;
-        stats_.n_lattice_accepted += static_cast<int64_t>(path.size());
-        st.n_lattice_nodes += n;
-        st.n_lattice_accepted += static_cast<int64_t>(path.size());
-        return;
-    }
-    std::vector<double> lat_logp, ctx_logp;
-    std::vector<char> lat_hit, ctx_hit;
-    for (int v = 0; v < n; ++v) {
-        const auto i = static_cast<size_t>(v);
-        if (b.origin[i] & kFromLattice) {
-            lat_logp.push_back(b.lattice_logp[i]);
-            lat_hit.push_back(accepted[i]);
-        }
-        if (b.origin[i] & kFromContext) {
-            ctx_logp.push_back(b.context_logp[i]);
-            ctx_hit.push_back(accepted[i]);
-            if (accepted[i]) stats_.context_accepted_per_pos[static_cast<size_t>(b.tree.depth[i] - 1)] += 1;
-        }
-    }
-    const auto hits = [](const std::vector<char> & h) { return static_cast<int64_t>(std::count(h.begin(), h.end(), 1)); };
-    if (!lat_logp.empty()) lattice_calibration_.observe(lat_logp, lat_hit);
-    if (!ctx_logp.empty()) context_calibration_.observe(ctx_logp, ctx_hit);
-    stats_.n_lattice_nodes += static_cast<int64_t>(lat_logp.size());
-    stats_.n_lattice_accepted += hits(lat_hit);
-    stats_.n_context_nodes += static_cast<int64_t>(ctx_logp.size());
-    stats_.n_context_accepted += hits(ctx_hit);
-    st.n_lattice_nodes += static_cast<int64_t>(lat_logp.size());
-    st.n_lattice_accepted += hits(lat_hit);
-    st.n_context_nodes += static_cast<int64_t>(ctx_logp.size());
-    st.n_context_accepted += hits(ctx_hit);
 }
 
 void BatchEngine::commit_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {

@@ -313,6 +313,8 @@ class BatchEngine {
     void record_drafted_step(Slot & s, int depth, int n_drafted, int k);
     void record_sources(Slot & s, const std::vector<int32_t> & path);
     void write_context_stats(JsonWriter & w) const;  // batch_engine_stats.cpp
+    void init_context();  // batch_engine_context.cpp: the slots' context sources, the global cache
+    void start_context(Slot & s, const std::vector<llama_token> & prompt);
     void record_logprob(Slot & s, const float * logits, llama_token token);
     void add_verify_time(double seconds, double head_s0);  // verify logic, and the lazy head as decode
     void queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0);

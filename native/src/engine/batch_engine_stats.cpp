@@ -4,6 +4,23 @@
 
 namespace pdf2 {
 
+// A verified step that drafted: per block position (tree depth) 1..depth, whether the verify
+// reached it and accepted its draft; n_drafted rows were drafted (a chain's n, a tree's nodes).
+void BatchEngine::record_drafted_step(Slot & s, int depth, int n_drafted, int k) {
+    SlotStats & st = s.request.stats;
+    st.n_spec_steps += 1;
+    for (int j = 0; j < depth && j <= k; ++j) {
+        st.drafted[static_cast<size_t>(j)] += 1;  // the verify reached position j+1
+        st.accepted[static_cast<size_t>(j)] += j < k ? 1 : 0;
+    }
+    stats_.n_drafts += 1;
+    stats_.n_draft_tokens += n_drafted;
+    stats_.n_accepted += k;
+    for (int j = 0; j < k; ++j) {
+        stats_.accepted_per_pos[static_cast<size_t>(j)] += 1;
+    }
+}
+
 // Drafts by source (a node both sources proposed counts for both), and the global cache.
 void BatchEngine::write_context_stats(JsonWriter & w) const {
     w.key("context").begin_object();
