@@ -186,7 +186,8 @@ class Speculator:
                 target_ctx = self._capturing.ctx
         # the lazy LM head needs the callback in the context the engine decodes in
         head_capturing = self._capturing or own_capturing
-        self.lazy_head = bool(lazy_head and self.drafter is not None and head_capturing is not None)
+        self.lazy_head = bool(lazy_head and (self.drafter is not None or config.context_nodes)
+                              and head_capturing is not None)
         self._engine: NativeEngine | None = NativeEngine.borrowed(
             target_ctx, config, drafter=self.drafter,
             feature_capture=self._capturing.capture if self._capturing is not None else None,

@@ -21,6 +21,9 @@ constexpr int MAX_TREE_BUDGET = 255;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// Steps verify drafted rows (the drafter's or the context's): the lazy LM head serves them.
+bool verifies_blocks(const BatchEngineOptions & o) { return o.drafts() || o.context_nodes > 0; }
+
 // A slot's tree rows: the lattice tree's nodes, or a context or merged tree's.
 int tree_rows(const BatchEngineOptions & o) { return std::max(o.tree_budget, o.context_nodes); }
 // ... and its branch sequences (one per leaf): a merged tree keeps to kContextBranches leaves.
@@ -118,9 +121,9 @@ BatchEngineOptions borrowed_options(const BorrowedTarget & t, BatchEngineOptions
 BatchEngine::BatchEngine(llama_model * model, const std::vector<Drafter *> & drafters, const BatchEngineOptions & opts)
     : opts_(opts),
       // the callback serves the lazy LM head whenever slots draft, and the features on the callback path
-      ctx_(make_context(model, opts, opts.drafts() ? &own_capture_ : nullptr), true),
+      ctx_(make_context(model, opts, verifies_blocks(opts) ? &own_capture_ : nullptr), true),
       feature_capture_(capture_for(model, feature_layers(drafters, opts))),
-      head_capture_(opts.drafts() ? &own_capture_ : nullptr),
+      head_capture_(verifies_blocks(opts) ? &own_capture_ : nullptr),
       target_(ctx_.ctx, feature_layers(drafters, opts), feature_capture_) {
     init(drafters, head_capture_ != nullptr);
 }
@@ -152,6 +155,8 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
     slots_.resize(static_cast<size_t>(opts.n_slots));
     if (opts.drafts()) {
         init_drafters(drafters, has_head);
+    } else if (has_head && opts.context_nodes > 0) {
+        target_.set_head_capture(head_capture_);  // context drafts alone: their rejected rows need no head
     }
     shared_policy_ = DraftLengthPolicy(max_draft_);
     for (Slot & s : slots_) {

@@ -365,7 +365,8 @@ class BatchEngine {
     DraftLengthPolicy shared_policy_{0};
     TreeBudgetPolicy tree_policy_{0};  // tree_auto: one for the engine, as shared_policy_
     // each source's estimates against what verification accepted (merged trees price by them)
-    PathCalibration lattice_calibration_, context_calibration_;
+    PathCalibration lattice_calibration_;
+    MatchAcceptance context_acceptance_;  // the context's (context_draft_source.h)
     ContextCaches context_caches_;  // past outputs per API key (ContextDrafts::Global)
     int64_t n_auto_tree_steps_ = 0, n_tree_probes_ = 0;
     std::vector<float> feat_;

@@ -19,7 +19,7 @@ constexpr size_t CONTEXT_CACHE_TOKENS = size_t{1} << 17;
 }  // namespace
 
 void BatchEngine::init_context() {
-    for (Slot & s : slots_) s.drafting.context = std::make_unique<ContextDraftSource>(context_calibration_);
+    for (Slot & s : slots_) s.drafting.context = std::make_unique<ContextDraftSource>(context_acceptance_);
     set_context_cache_limits(CONTEXT_CACHE_KEYS, CONTEXT_CACHE_DOCUMENTS, CONTEXT_CACHE_TOKENS);
 }
 
@@ -85,7 +85,6 @@ void BatchEngine::record_sources(Slot & s, const std::vector<int32_t> & path) {
     }
     const auto hits = [](const std::vector<char> & h) { return static_cast<int64_t>(std::count(h.begin(), h.end(), 1)); };
     if (!lat_logp.empty()) lattice_calibration_.observe(lat_logp, lat_hit);
-    if (!ctx_logp.empty()) context_calibration_.observe(ctx_logp, ctx_hit);
     stats_.n_lattice_nodes += static_cast<int64_t>(lat_logp.size());
     stats_.n_lattice_accepted += hits(lat_hit);
     stats_.n_context_nodes += static_cast<int64_t>(ctx_logp.size());

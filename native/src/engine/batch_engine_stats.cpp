@@ -50,7 +50,8 @@ std::string BatchEngine::stats_json() const {
     w.field("n_filler_rows", stats_.n_filler_rows);
     w.field("lazy_head_rows", target_.lazy_head_rows());  // verify rows whose LM head ran (lazily)
     // whether verify decodes stop before the LM head (and why not, once tried and refused)
-    w.field("lazy_head", head_capture_ != nullptr && feed_drafters_ && target_.lazy_head_error().empty());
+    w.field("lazy_head", head_capture_ != nullptr && (feed_drafters_ || opts_.context_nodes > 0) &&
+                             target_.lazy_head_error().empty());
     if (!target_.lazy_head_error().empty()) {
         w.field("lazy_head_error", target_.lazy_head_error());
     }

@@ -11,9 +11,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Per token of a path: how likely a suffix match of m tokens continues as it did before, before
-// calibration (a one-token match is weak evidence, a long one strong).
-double match_prior(int m) { return static_cast<double>(m) / static_cast<double>(m + 2); }
+constexpr double DECAY = 0.995;     // acceptance drifts with the text, slower than per step
+constexpr double PRIOR_WEIGHT = 2.0; // the prior counts as two candidates reached
+
+// Before anything was seen: a one-token match is weak evidence, a long one strong.
+double match_prior(int m) { return static_cast<double>(m) / static_cast<double>(m + 1); }
+
+int match_bucket(int m) { return std::clamp(m, 1, MatchAcceptance::MAX_MATCH); }
 
 // b's nodes added to a (same match length: the occurrences of both count), shared paths merged.
 void add_paths(ContextPaths & a, const ContextPaths & b) {
@@ -40,6 +44,19 @@ void add_paths(ContextPaths & a, const ContextPaths & b) {
 
 }  // namespace
 
+MatchAcceptance::MatchAcceptance() : reached_(MAX_MATCH + 1, 0.0), accepted_(MAX_MATCH + 1, 0.0) {}
+
+double MatchAcceptance::rate(int m) const {
+    const auto b = static_cast<size_t>(match_bucket(m));
+    return (accepted_[b] + PRIOR_WEIGHT * match_prior(match_bucket(m))) / (reached_[b] + PRIOR_WEIGHT);
+}
+
+void MatchAcceptance::observe(int m, double share, bool accepted) {
+    const auto b = static_cast<size_t>(match_bucket(m));
+    reached_[b] = DECAY * reached_[b] + share;
+    accepted_[b] = DECAY * accepted_[b] + (accepted ? 1.0 : 0.0);
+}
+
 void ContextDraftSource::start(const std::vector<llama_token> & prompt, ContextCaches * caches,
                                const std::string & key) {
     index_.clear();
@@ -52,7 +69,31 @@ void ContextDraftSource::start(const std::vector<llama_token> & prompt, ContextC
 }
 
 void ContextDraftSource::commit(const llama_token * tokens, size_t n) {
-    if (active_) index_.append(tokens, n);
+    if (!active_) return;
+    observe(tokens, n);
+    index_.append(tokens, n);
+}
+
+// The committed tokens are the target's own choices, so every candidate along them tells what its
+// verify would have got, whether the step verified it or not: the children of each node the
+// committed text reached, down to where it left the candidates.
+void ContextDraftSource::observe(const llama_token * tokens, size_t n) {
+    if (scored_size_ != index_.size() || paths_.size() == 0) return;  // no candidates for this position
+    int32_t at = -1;  // the node the committed text reached (-1: the root)
+    for (size_t d = 0; d < n; ++d) {
+        int32_t next = -1;
+        const int32_t parent_count = at < 0 ? paths_.n_occurrences : paths_.count[static_cast<size_t>(at)];
+        for (int v = 0; v < paths_.size(); ++v) {
+            const auto i = static_cast<size_t>(v);
+            if (paths_.parent[i] != at) continue;
+            const bool taken = paths_.token[i] == tokens[d];
+            acceptance_.observe(paths_.match_length + paths_.depth[i] - 1,
+                                static_cast<double>(paths_.count[i]) / std::max(1, parent_count), taken);
+            if (taken) next = v;
+        }
+        if (next < 0) return;
+        at = next;
+    }
 }
 
 void ContextDraftSource::finish() {
@@ -82,12 +123,12 @@ void ContextDraftSource::gather(int max_depth) {
         const double parent_logp = parent < 0 ? 0.0 : scored_.raw_logp[static_cast<size_t>(parent)];
         const int32_t parent_count = parent < 0 ? paths_.n_occurrences : paths_.count[static_cast<size_t>(parent)];
         const double share = static_cast<double>(paths_.count[i]) / static_cast<double>(std::max(1, parent_count));
-        const double logp = parent_logp + std::log(match_prior(paths_.match_length + paths_.depth[i] - 1) * share);
+        const double logp = parent_logp + std::log(acceptance_.rate(paths_.match_length + paths_.depth[i] - 1) * share);
         scored_.parent.push_back(parent);
         scored_.token.push_back(paths_.token[i]);
         scored_.cand.push_back(-1);
         scored_.raw_logp.push_back(logp);
-        scored_.p.push_back(calibration_.calibrated(logp));
+        scored_.p.push_back(std::min(1.0, std::exp(logp)));
     }
 }
 

@@ -4,16 +4,15 @@
 // the step is planned, so the planner prices them against the drafter's (and may skip the
 // drafter's propose), and merges both into one tree (merged_draft_tree.h).
 //
-// A continuation node's estimate before calibration: per token, the match prior m / (m + 2) for a
-// suffix match of m tokens (it grows by one with every token the path goes deeper), times the
-// share of the occurrences that continue with the node's token; a path's is the product.
-// PathCalibration turns it into an acceptance estimate from what verification accepted.
+// A continuation node's estimate: per token, the acceptance a(m) learned for a suffix match of m
+// tokens (m grows by one with every token the path goes deeper), times the share of the
+// occurrences that continue with the node's token; a path's is the product. a(m) learns from every
+// step's committed tokens, for every candidate along them, verified or not (MatchAcceptance).
 #pragma once
 
 #include "engine/context_index.h"
 #include "engine/draft_source.h"
 #include "engine/merged_draft_tree.h"
-#include "engine/path_calibration.h"
 
 #include <string>
 #include <vector>
@@ -26,6 +25,20 @@ inline constexpr int kContextTreeNodes = 32;
 inline constexpr int kContextMaxDepth = 32;
 inline constexpr int kContextBranches = 8;  // leaves: each takes a sequence of the target context
 
+// How often a context continuation is right, by the length of the match it came from: per match
+// length m (capped), decayed counts of candidates the committed text reached (weighted by their
+// share of the occurrences) and of those it took, from the prior m / (m + 1).
+class MatchAcceptance {
+  public:
+    static constexpr int MAX_MATCH = 48;
+    MatchAcceptance();
+    double rate(int m) const;  // the conditional acceptance of a continuation with share 1
+    void observe(int m, double share, bool accepted);
+
+  private:
+    std::vector<double> reached_, accepted_;
+};
+
 enum class ContextDrafts {
     Off = 0,
     Request = 1,  // this request's prompt and output
@@ -34,13 +47,15 @@ enum class ContextDrafts {
 
 class ContextDraftSource final : public DraftSource {
   public:
-    explicit ContextDraftSource(const PathCalibration & calibration) : calibration_(calibration) {}
+    explicit ContextDraftSource(MatchAcceptance & acceptance) : acceptance_(acceptance) {}
 
     // A new request: its prompt starts the stream; caches (null: only its own context): the past
     // outputs of `key` it also drafts from and adds its output to. The cache is looked up at each
     // use: another request may evict the key meanwhile.
     void start(const std::vector<llama_token> & prompt, ContextCaches * caches, const std::string & key);
-    void commit(const llama_token * tokens, size_t n);  // tokens the verify committed
+    // tokens the verify committed: the last candidates teach MatchAcceptance what they would have
+    // got, then the tokens join the stream
+    void commit(const llama_token * tokens, size_t n);
     void finish();  // the request ended: its output joins the global cache
     bool active() const { return active_; }
 
@@ -56,7 +71,9 @@ class ContextDraftSource final : public DraftSource {
   private:
     void gather(int max_depth);
 
-    const PathCalibration & calibration_;
+    void observe(const llama_token * tokens, size_t n);
+
+    MatchAcceptance & acceptance_;
     ContextIndex index_;
     ContextCaches * caches_ = nullptr;
     std::string key_;
