@@ -5,7 +5,8 @@ and the chat eval prompts (benchmarks/prompts_chat_eval.txt), at each temperatur
 prompt by prompt so that machine noise hits every configuration alike, with the default pair
 (SmolLM2-135M-Instruct and the shipped DFlash2 drafter) unless --model/--draft say otherwise:
 
-- plain: no drafts;
+- plain: no drafts (in the context made for trees: flash attention on, as every other row here);
+- plain, flash off: what `generate --n-max 0 --context-drafts off` runs (a context of its own);
 - lattice chain: the drafter's chain, n_max auto (the cost model's length);
 - lattice tree 16: the best-first tree of 16 nodes over the lattice;
 - context alone: context drafts without a drafter (the cost model prices each step's tree);
@@ -50,7 +51,8 @@ def main() -> int:
     ap.add_argument("--n-prompts", type=int, default=24, help="per set (0: all)")
     ap.add_argument("--sets", default="agentic,chat")
     ap.add_argument("--temperatures", default="0,1")
-    ap.add_argument("--configs", default="plain,lattice chain,lattice tree 16,context alone,merged tree 16,auto")
+    ap.add_argument("--configs", default="plain,plain, flash off,lattice chain,lattice tree 16,context alone,"
+                                         "merged tree 16,auto")
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--json", default=None, help="write every run's stats here")
     args = ap.parse_args()
@@ -63,13 +65,15 @@ def main() -> int:
     llm, inv = load_target(model, n_ctx=args.n_ctx, n_threads=args.threads, tree_budget=16, context_drafts="request")
     make = {
         "plain": lambda: Speculator(llm, None, n_max=0),
+        "plain, flash off": lambda: Speculator(load_target(model, n_ctx=args.n_ctx, n_threads=args.threads)[0], None,
+                                               n_max=0),
         "lattice chain": lambda: Speculator(llm, draft, n_max="auto"),
         "lattice tree 16": lambda: Speculator(llm, draft, n_max=7, tree_budget=16),
         "context alone": lambda: Speculator(llm, None, n_max=0, context_drafts="request"),
         "merged tree 16": lambda: Speculator(llm, draft, n_max=7, tree_budget=16, context_drafts="request"),
         "auto": lambda: Speculator(llm, draft, n_max="auto", context_drafts="request"),
     }
-    names = [c.strip() for c in args.configs.split(",")]
+    names = [c for c in make if c in args.configs.split(",") or c == "plain, flash off" and c in args.configs]
     specs = {name: make[name]() for name in names}
     sets = load_sets(args.n_prompts)
     temps = [float(t) for t in args.temperatures.split(",")]

@@ -21,16 +21,6 @@ constexpr int MAX_TREE_BUDGET = 255;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Steps verify drafted rows (the drafter's or the context's): the lazy LM head serves them.
-bool verifies_blocks(const BatchEngineOptions & o) { return o.drafts() || o.context_nodes > 0; }
-
-// A slot's tree rows: the lattice tree's nodes, or a context or merged tree's.
-int tree_rows(const BatchEngineOptions & o) { return std::max(o.tree_budget, o.context_nodes); }
-// ... and its branch sequences (one per leaf): a merged tree keeps to kContextBranches leaves.
-int tree_branches(const BatchEngineOptions & o) {
-    return std::max(o.tree_budget, o.context_nodes > 0 ? kContextBranches : 0);
-}
-
 // capture: installed as the graph evaluation callback (targets without layer-input taps), or null
 llama_context * make_context(llama_model * model, const BatchEngineOptions & o, CallbackCapture * capture) {
     if (model == nullptr) {
@@ -43,7 +33,7 @@ llama_context * make_context(llama_model * model, const BatchEngineOptions & o, 
         throw Error("context per slot must be at least 32 tokens, got " + std::to_string(o.n_ctx_slot));
     }
     // a tree's rows take cells beyond its slot's positions (siblings share a position) until its verify
-    const int rows = tree_rows(o);
+    const int rows = o.tree_rows();
     const int64_t total = (static_cast<int64_t>(o.n_ctx_slot) + (rows > 0 ? rows + 1 : 0)) * o.n_slots;
     if (total > (int64_t{1} << 24)) {
         throw Error("context per slot x slots = " + std::to_string(total) + " tokens is too large");
@@ -61,7 +51,7 @@ llama_context * make_context(llama_model * model, const BatchEngineOptions & o, 
     if (rows > 0) {
         // a tree's branch sequences share the slot's cells: one stream for all (a copy of the
         // context into a branch is then metadata only), and a sequence per branch
-        const int64_t n_seq = static_cast<int64_t>(o.n_slots) * (1 + tree_branches(o));
+        const int64_t n_seq = static_cast<int64_t>(o.n_slots) * (1 + o.tree_branches());
         if (n_seq > static_cast<int64_t>(llama_max_parallel_sequences())) {
             throw Error("tree verification needs slots x (1 + tree budget) = " + std::to_string(n_seq) +
                         " sequences, llama.cpp allows " + std::to_string(llama_max_parallel_sequences()));
@@ -105,7 +95,7 @@ BatchEngineOptions borrowed_options(const BorrowedTarget & t, BatchEngineOptions
     }
     o.n_slots = 1;
     o.n_ctx_slot = static_cast<int32_t>(llama_n_ctx(t.ctx));
-    const int branches = tree_branches(o);
+    const int branches = o.tree_branches();
     if (branches > 0 && static_cast<int64_t>(llama_n_seq_max(t.ctx)) < 1 + static_cast<int64_t>(branches)) {
         throw Error("tree verification of " + std::to_string(branches) + " branches needs a target context with " +
                     std::to_string(1 + branches) + " sequences and a unified KV cache, this one has " +
@@ -121,9 +111,9 @@ BatchEngineOptions borrowed_options(const BorrowedTarget & t, BatchEngineOptions
 BatchEngine::BatchEngine(llama_model * model, const std::vector<Drafter *> & drafters, const BatchEngineOptions & opts)
     : opts_(opts),
       // the callback serves the lazy LM head whenever slots draft, and the features on the callback path
-      ctx_(make_context(model, opts, verifies_blocks(opts) ? &own_capture_ : nullptr), true),
+      ctx_(make_context(model, opts, opts.verifies_blocks() ? &own_capture_ : nullptr), true),
       feature_capture_(capture_for(model, feature_layers(drafters, opts))),
-      head_capture_(verifies_blocks(opts) ? &own_capture_ : nullptr),
+      head_capture_(opts.verifies_blocks() ? &own_capture_ : nullptr),
       target_(ctx_.ctx, feature_layers(drafters, opts), feature_capture_) {
     init(drafters, head_capture_ != nullptr);
 }
@@ -151,7 +141,7 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
         throw Error("context tree nodes must be in 0.." + std::to_string(MAX_TREE_BUDGET) + ", got " +
                     std::to_string(opts.context_nodes));
     }
-    tree_branches_ = tree_branches(opts);
+    tree_branches_ = opts.tree_branches();
     slots_.resize(static_cast<size_t>(opts.n_slots));
     if (opts.drafts()) {
         init_drafters(drafters, has_head);

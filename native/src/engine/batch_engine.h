@@ -73,6 +73,12 @@ struct BatchEngineOptions {
     int context_nodes = 0;
 
     bool drafts() const { return draft_length != DraftLength::Plain; }
+    // steps verify drafted rows, the drafter's or the context's (the lazy LM head serves them)
+    bool verifies_blocks() const { return drafts() || context_nodes > 0; }
+    // a slot's tree rows (the lattice tree's nodes, or a context or merged tree's), and its branch
+    // sequences (one per leaf: a context or merged tree keeps to kContextBranches leaves)
+    int tree_rows() const { return std::max(tree_budget, context_nodes); }
+    int tree_branches() const { return std::max(tree_budget, context_nodes > 0 ? kContextBranches : 0); }
 };
 
 // A context the engine decodes in without owning it (one slot, sequence 0).
