@@ -253,6 +253,34 @@ def test_bench_runs_tree_budgets_beside_the_chain(tmp_path, target_gguf, drafter
     assert auto["auto_decision"].startswith("auto tree: ") and 0 <= auto["tree_steps"]
 
 
+def test_context_drafts_in_generate_and_bench(tmp_path, target_gguf, drafter2_gguf) -> None:
+    """--context-drafts: generate's JSON counts the context's drafts (default request; off: none, as with
+    --exact); bench runs each configuration with them beside it, and context drafts alone at --n-max 0."""
+    text = "Once upon a time the west wes the west the a the wes he the"
+    args = ("generate", text, "--model", str(target_gguf), "--draft", str(drafter2_gguf), "--max-tokens", "24",
+            "--raw", "--n-max", "3", "--json", "--n-ctx", "256")
+    outs = {mode: _run(*args, *(("--context-drafts", mode) if mode else ()), cwd=tmp_path)
+            for mode in (None, "off", "global")}
+    for mode, r in outs.items():
+        assert r.returncode == 0, (mode, r.stderr)
+    stats = {mode: json.loads(r.stdout)["stats"] for mode, r in outs.items()}
+    assert stats[None]["context_drafts"] == "request" and stats[None]["context_drafted"] > 0
+    assert stats["off"]["context_drafted"] == 0 and stats["global"]["context_drafts"] == "global"
+    assert len({tuple(json.loads(r.stdout)["tokens"]) for r in outs.values()}) == 1  # lossless: one text
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(text + "\n")
+    out_dir = tmp_path / "bench"
+    r = _run("bench", "--model", str(target_gguf), "--draft", str(drafter2_gguf), "--prompts", str(prompts),
+             "--n-max", "3", "--context-drafts", "request", "--max-tokens", "12", "--repeats", "1", "--raw",
+             "--n-ctx", "256", "--out", str(out_dir), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    results = json.loads((out_dir / "bench.json").read_text())["results"]
+    assert {(x["n_max"], x["context_drafts"]) for x in results} == {(0, "off"), (0, "request"), (3, "off"),
+                                                                     (3, "request")}
+    assert "ctx=request" in r.stdout
+    assert next(x for x in results if x["n_max"] == 0 and x["context_drafts"] == "request")["context_drafted"] > 0
+
+
 def _mistakes(tmp: Path, target: Path, drafter: Path) -> list[tuple[tuple[str, ...], str]]:
     missing = str(tmp / "missing.gguf")
     junk = tmp / "junk.gguf"
@@ -265,6 +293,9 @@ def _mistakes(tmp: Path, target: Path, drafter: Path) -> list[tuple[tuple[str, .
         (("generate", "hi", "--tree-budget", "-1"), "--tree-budget"),
         (("generate", "hi", "--tree-budget", "256"), "--tree-budget"),
         (("bench", "--tree-budget", "4,x"), "--tree-budget"),
+        (("generate", "hi", "--context-drafts", "always"), "--context-drafts"),
+        (("bench", "--context-drafts", "off,x"), "--context-drafts"),
+        (("serve", "--context-drafts", "yes"), "--context-drafts"),
         (("generate", "hi", "--model", missing), "not found"),
         (("generate", "hi", "--model", t, "--draft", t, "--n-ctx", "256"), "general.architecture"),
         (("bench", "--n-max", "2,many"), "--n-max"),

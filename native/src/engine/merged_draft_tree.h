@@ -1,6 +1,6 @@
 // One verified tree from several draft sources (issue 35): the DFlash2 lattice's best-first tree
 // and the context's continuations (context_draft_source.h), each node with its source's
-// calibrated acceptance estimate. Shared prefixes merge into one node (a node both sources
+// acceptance estimate (the lattice's calibrated, the context's learned per match length). Shared prefixes merge into one node (a node both sources
 // propose keeps the larger estimate); the tree is then expanded best first over the union, so
 // each source wins on the tokens it knows. Every estimate is capped by its parent's (a node is
 // accepted only when its parent is), which keeps a best-first prefix of the union a tree.
