@@ -96,7 +96,14 @@ class Speculator:
     draft_tree.AUTO_TREE_BUDGET nodes at the block's full depth, whichever the cost
     model prices faster (measured verify costs up to that many rows, the chain's
     acceptance, and the tree's path probabilities calibrated against its verifies);
-    stats["tree_auto"] says what it chose."""
+    stats["tree_auto"] says what it chose.
+
+    context_drafts (default "off"): "request" also drafts what followed earlier occurrences of the
+    text's last tokens in the prompt and output, "global" also this Speculator's past outputs,
+    merged with the lattice's candidates into one verified tree, each step priced by the cost model
+    (pydflash2.context_drafts; works with draft=None). The target context needs what trees need: a
+    target given as a path gets it; for a Llama of your own, load_target(..., context_drafts=...).
+    stats count the drafts by source (lattice_/context_drafted and _accepted, propose_skipped)."""
 
     def __init__(
         self,
