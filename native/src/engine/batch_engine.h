@@ -288,6 +288,7 @@ class BatchEngine {
     SlotPlan plan_slot(const StepPlan & plan, size_t i) const;  // the caps: context, max_tokens, share, pending
     Groups draft_blocks(const StepPlan & plan);
     void draft(Slot & s, const SlotPlan & p);
+    DraftRequest draft_request(Slot & s, int n, int tree_budget) const;
     void plan_context(StepPlan & plan);  // which slots draft from the context, alone or merged
     void draft_merged(Slot & s, const SlotPlan & p);
     int context_prefix(const MergedTree & m) const;  // the merged tree's best prefix

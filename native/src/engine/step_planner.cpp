@@ -210,6 +210,17 @@ BatchEngine::Groups BatchEngine::draft_blocks(const StepPlan & plan) {
     return groups;
 }
 
+// What a slot's source is asked for: n drafts (a tree of tree_budget nodes when > 0) after its anchor.
+DraftRequest BatchEngine::draft_request(Slot & s, int n, int tree_budget) const {
+    DraftRequest req;
+    req.anchor = s.seq.anchor;
+    req.pos = s.seq.pos;
+    req.n = n;
+    req.tree_budget = tree_budget;
+    req.sampler = s.request.sampler.get();
+    return req;
+}
+
 void BatchEngine::draft(Slot & s, const SlotPlan & p) {
     DraftBlock & block = s.rows.block;
     block.clear();
@@ -218,13 +229,7 @@ void BatchEngine::draft(Slot & s, const SlotPlan & p) {
         return;
     }
     if (p.source == Source::Context) {
-        DraftRequest req;
-        req.anchor = s.seq.anchor;
-        req.pos = s.seq.pos;
-        req.n = p.context_depth;
-        req.tree_budget = p.context_nodes;
-        req.sampler = s.request.sampler.get();
-        s.drafting.context->draft(req, block);
+        s.drafting.context->draft(draft_request(s, p.context_depth, p.context_nodes), block);
         MergedTree m;  // the best prefix of the context's tree
         m.tree = block.tree;
         m.origin = block.origin;
@@ -247,13 +252,7 @@ void BatchEngine::draft(Slot & s, const SlotPlan & p) {
     if (p.n_drafts <= 0) {
         return;
     }
-    DraftRequest req;
-    req.anchor = s.seq.anchor;
-    req.pos = s.seq.pos;
-    req.n = p.n_drafts;
-    req.tree_budget = p.tree_budget;
-    req.sampler = s.request.sampler.get();
-    s.drafting.source->draft(req, block);
+    s.drafting.source->draft(draft_request(s, p.n_drafts, p.tree_budget), block);
     stats_.graph_setup_s += block.graph_setup_s;
     stats_.n_graph_builds += block.n_graph_builds;
     stats_.propose_s += block.propose_s;
@@ -270,13 +269,8 @@ namespace pdf2 {
 // keeps the best prefix.
 void BatchEngine::draft_merged(Slot & s, const SlotPlan & p) {
     DraftBlock & block = s.rows.block;
-    DraftRequest req;
-    req.anchor = s.seq.anchor;
-    req.pos = s.seq.pos;
-    req.n = std::max(1, std::min(max_draft_, p.context_depth));
-    req.tree_budget = p.context_nodes;
-    req.sampler = s.request.sampler.get();
-    s.drafting.source->draft(req, block);
+    s.drafting.source->draft(draft_request(s, std::max(1, std::min(max_draft_, p.context_depth)), p.context_nodes),
+                             block);
     stats_.graph_setup_s += block.graph_setup_s;
     stats_.n_graph_builds += block.n_graph_builds;
     stats_.propose_s += block.propose_s;
