@@ -258,6 +258,12 @@ class NativeEngine:
         check(lib.pdf2_batch_engine_set_context_drafts(self._h, int(slot), mode_code(mode), key.encode("utf-8")),
               "set_context_drafts")
 
+    def add_draft_source(self, name: str) -> None:
+        """Adds a registered draft source to every slot (native draft_sources.cpp, e.g. "repeat"): its
+        candidates join the merged trees beside the context's. Needs an engine made with context
+        drafts, and idle slots."""
+        check(lib.pdf2_batch_engine_add_draft_source(self._h, name.encode("utf-8")), "add_draft_source")
+
     def set_context_cache_limits(self, *, max_keys: int, max_documents: int, max_tokens: int) -> None:
         """Bounds of the global context cache (keys, and per key past outputs and their tokens); empties it."""
         check(lib.pdf2_batch_engine_set_context_cache_limits(self._h, int(max_keys), int(max_documents),

@@ -59,6 +59,16 @@ def acceptance_estimate(drafted: Sequence[int], accepted: Sequence[int]) -> list
     return [(a + _PRIOR_ACCEPTED) / (d + _PRIOR_REACHED) for d, a in zip(drafted, accepted, strict=True)]
 
 
+def expected_tokens(acceptance: Sequence[float]) -> float:
+    """Committed tokens per step (1 + expected accepted drafts) of a chain whose block positions are
+    accepted with these conditional rates: the engines' formula (native draft_length.h)."""
+    acc = np.ascontiguousarray(acceptance, dtype=np.float64)
+    out = lib.pdf2_expected_tokens(ffi.cast("double *", ffi.from_buffer(acc)), len(acc))
+    if out < 0:
+        raise ValueError(_native.last_error())
+    return float(out)
+
+
 def decide(verify_s: Sequence[float], draft_s: Sequence[float], acceptance: Sequence[float]) -> AutoDecision:
     """The draft count the engines' cost model picks for these costs and acceptances.
 
@@ -112,7 +122,7 @@ def explain_tree_auto(stats: Mapping[str, Any]) -> str | None:
         return head + "."
     b, n = int(model["best_budget"]), int(model["chain_n"])
     chain = "plain decoding" if n == 0 else f"the chain of {n} draft{'s' if n > 1 else ''}"
-    verdict = "a tree" if model["tree_rate"] > max(model["chain_rate"], model["plain_rate"]) else chain
+    verdict = "a tree" if model["choice"] == "tree" else chain  # the engine's own choice (native cost_model)
     return (f"{head}. Now the model prices a tree of {b} node{'s' if b != 1 else ''} at tau "
             f"{model['tree_expected_tokens']:.2f}, "
             f"{model['tree_rate']:.1f} tok/s, against {chain} at tau {model['chain_expected_tokens']:.2f}, "

@@ -312,6 +312,12 @@ class Speculator:
         """Frees the slot (a no-op when it is idle)."""
         self._native.stop(0)
 
+    def add_draft_source(self, name: str) -> None:
+        """Adds a registered draft source (native `draft_sources.cpp`; "repeat": the last tokens'
+        repeated run) whose candidates join the merged trees beside the context's; needs
+        context_drafts other than "off". stats()["sources"] counts each source's drafts."""
+        self._native.add_draft_source(name)
+
     def engine_stats(self) -> dict[str, Any]:
         """Engine-wide counters since creation (times, lazy head rows, graph builds...)."""
         return self._native.stats()

@@ -346,3 +346,40 @@ def test_global_cache_is_per_key_and_bounded(hot_pair, llm, exact) -> None:
             assert c["cache_keys"] <= 3 and c["cache_documents"] <= 3 * 2 and c["cache_tokens"] <= 3 * 64, c
     finally:
         engine.close()
+
+
+# ---------------------------------------------------------------- a third source, plugged in
+
+def test_a_registered_source_joins_the_merged_tree(hot_pair, llm, exact) -> None:
+    """The "repeat" source (native repeat_draft_source.cpp: one file and one line in
+    draft_sources.cpp's registry) proposes the last tokens' repeated run. Added to a Speculator, the
+    merged tree verifies its candidates beside the context's and the lattice's, greedy stays plain
+    greedy, and each source counts its own drafts. Prompts of a short period, so that it matches."""
+    prompts = [" the west" * 5, " he a t" * 6]
+    plain = {p: plain_greedy(llm, _ids(llm, p), N_TOKENS) for p in prompts}
+    with Speculator(llm, str(hot_pair[1]), n_max=7, tree_budget=16, context_drafts="request") as spec:
+        with pytest.raises(Exception, match="unknown draft source 'nope' \\(known: context, repeat\\)"):
+            spec.add_draft_source("nope")
+        spec.add_draft_source("repeat")
+        with pytest.raises(Exception, match="already there"):
+            spec.add_draft_source("repeat")
+        sources: dict[str, dict[str, int]] = {}
+        for p in prompts:
+            out = spec.generate(_ids(llm, p), max_tokens=N_TOKENS)
+            check_greedy(out.tokens, plain[p], exact=exact, delta=DELTA_TINY, what=("repeat", p))
+            for name, c in out.stats["sources"].items():
+                for k in ("drafted", "accepted"):
+                    sources.setdefault(name, {}).setdefault(k, 0)
+                    sources[name][k] += c[k]
+        engine = spec.engine_stats()["sources"]
+    print(f"drafts by source: {sources}")
+    assert set(sources) == {"lattice", "context", "repeat"}
+    assert sources["repeat"]["accepted"] > 0  # its candidates were in the verified trees, and right
+    assert engine["repeat"]["drafted"] == sources["repeat"]["drafted"]  # the engine's sum over requests
+    assert out.stats["lattice_drafted"] == out.stats["sources"]["lattice"]["drafted"]
+
+
+def test_a_source_needs_merged_trees(hot_pair) -> None:
+    llm, _ = load_target(hot_pair[0], n_ctx=256, n_threads=1)
+    with Speculator(llm, str(hot_pair[1]), n_max=3) as spec, pytest.raises(Exception, match="needs merged trees"):
+        spec.add_draft_source("repeat")

@@ -74,14 +74,16 @@ def test_bad_costs_are_an_error() -> None:
 
 def test_tree_auto_explanation_names_the_choice() -> None:
     model = {"max_budget": 16, "tree_steps": 5, "probes": 2, "best_budget": 4, "tree_expected_tokens": 1.9,
-             "tree_rate": 40.0, "chain_n": 0, "chain_expected_tokens": 1.0, "chain_rate": 50.0, "plain_rate": 50.0}
+             "tree_rate": 40.0, "chain_n": 0, "chain_expected_tokens": 1.0, "chain_rate": 50.0, "plain_rate": 50.0,
+             "choice": "plain"}
     msg = explain_tree_auto({"tree_auto": model, "n_steps": 60, "n_tree_steps": 2})
     assert msg is not None and msg.startswith("auto tree: 2 of 60 steps verified a tree (up to 16 nodes; 2 probes")
     assert "a tree of 4 nodes at tau 1.90, 40.0 tok/s, against plain decoding" in msg and msg.endswith(
         "plain decoding next.")
     one = explain_tree_auto({"tree_auto": {**model, "probes": 1}, "n_steps": 60, "n_tree_steps": 1})
     assert one is not None and "(up to 16 nodes; 1 probe over the engine's life)" in one
-    faster = {**model, "tree_rate": 80.0, "chain_n": 3, "chain_expected_tokens": 1.6, "chain_rate": 60.0}
+    faster = {**model, "tree_rate": 80.0, "chain_n": 3, "chain_expected_tokens": 1.6, "chain_rate": 60.0,
+              "choice": "tree"}
     msg = explain_tree_auto({"tree_auto": faster, "n_steps": 60, "n_tree_steps": 50})
     assert msg is not None and "the chain of 3 drafts at tau 1.60, 60.0 tok/s (plain 50.0 tok/s)" in msg
     assert msg.endswith("a tree next.")

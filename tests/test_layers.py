@@ -5,6 +5,7 @@ imports the test fixtures and benchmark helpers in pydflash2_testing, which the 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,9 +148,9 @@ def test_the_installed_package_holds_no_test_tools() -> None:
 ENGINE = ROOT / "native" / "src" / "engine"
 MAX_FUNCTION_LINES = 80
 # the step's parts: the planner and the batch builder are BatchEngine's; these know nothing of it
-ENGINE_BELOW_STEP = ("cost_model", "draft_length", "tree_budget", "verify", "draft_source", "dflash_draft_source",
+ENGINE_BELOW_STEP = ("cost_model", "draft_length", "tree_budget", "verify", "draft_source", "draft_sources",
                      "target_sampling", "target_runner", "lazy_head", "batch_invariance", "path_calibration",
-                     "context_index", "context_draft_source", "merged_draft_tree")
+                     "context_index", "merged_draft_tree", "merged_draft_source")
 
 
 def function_lengths(path: Path) -> dict[str, int]:
@@ -181,6 +182,40 @@ def test_engine_parts_below_the_step_do_not_know_it() -> None:
         for f in ENGINE.glob(f"{name}.*"):
             text = f.read_text(encoding="utf-8")
             assert '#include "engine/batch_engine.h"' not in text, f.name
+
+
+def test_draft_sources_do_not_know_the_engine() -> None:
+    """Every draft source is a file of its own behind draft_source.h, registered in draft_sources.cpp;
+    none knows the engine (or the planner) that asks it."""
+    sources = sorted(ENGINE.glob("*_draft_source.h"))
+    assert {f.stem for f in sources} >= {"dflash_draft_source", "context_draft_source", "repeat_draft_source",
+                                         "merged_draft_source"}
+    for f in sources + sorted(ENGINE.glob("*_draft_source.cpp")):
+        text = f.read_text(encoding="utf-8")
+        assert '#include "engine/batch_engine.h"' not in text and "BatchEngine" not in text, f.name
+    registry = (ENGINE / "draft_sources.cpp").read_text(encoding="utf-8")
+    for f in sources:
+        if f.stem != "merged_draft_source":  # the composite is the slot's, not registered
+            name = re.search(r'name\(\) const override \{ return "(\w+)"; \}', f.read_text(encoding="utf-8"))
+            assert name is not None, f.name
+            assert f.stem == "dflash_draft_source" or f'{{"{name[1]}",' in registry, f.name
+
+
+def test_only_the_cost_model_chooses() -> None:
+    """The one rate, committed tokens per second, is Price::rate in cost_model.h, and the one choice
+    among priced options is best_rate there: no other engine file divides by seconds or keeps a best
+    rate of its own, and the Python side reads the engine's choices (draft_decision.py)."""
+    rate = re.compile(r"/\s*std::max\([^;]*(seconds|1e-9)|best_rate\s*=|rate\s*>\s*\w*rate")
+    for f in sorted(ENGINE.glob("*.[ch]*")):
+        if f.name == "cost_model.h":
+            continue
+        text = f.read_text(encoding="utf-8")
+        assert not rate.search(text), f"{f.name}: {rate.search(text)[0]!r}"
+        assert "template <class PriceOf> Choice best_rate" not in text, f.name
+    decision = (ROOT / "pydflash2" / "draft_decision.py").read_text(encoding="utf-8")
+    assert not re.search(r"_rate\"\]\s*>", decision)
+    objective = (ROOT / "pydflash2" / "train" / "objective.py").read_text(encoding="utf-8")
+    assert "run *= a" not in objective  # expected tau: the engines' formula through the C API
 
 
 def test_the_target_chooses_in_one_place() -> None:

@@ -209,6 +209,9 @@ int32_t pdf2_draft_length_rates(const double * verify_s, int32_t n_verify, const
  * drafts in prior_reached blocks that reached it (1 in 2). */
 double pdf2_draft_prior_reached(void);
 double pdf2_draft_prior_accepted(void);
+/* Committed tokens per step (1 + expected accepted drafts) of a chain of n drafts whose block
+ * positions are accepted with the conditional rates acceptance[0..n) (all in [0, 1]); -1 on bad input. */
+double pdf2_expected_tokens(const double * acceptance, int32_t n);
 
 /* ---- Grammars: the shape of a GBNF text, measured without recursion ----
  * depth: the deepest nesting of ( ) groups (llama.cpp's parser recurses once per level, so
@@ -288,6 +291,10 @@ int32_t pdf2_batch_engine_step_width(pdf2_batch_engine * e);
  * `key` (one cache per key, e.g. an API key, so that no key's outputs draft for
  * another; NULL = ""). 0 / -1. */
 int pdf2_batch_engine_set_context_drafts(pdf2_batch_engine * e, int32_t slot, int32_t mode, const char * key);
+/* Adds a registered draft source by name to every slot (native draft_sources.cpp: "repeat", the
+ * last tokens' repeated run); its candidates join the merged trees beside the context's. Needs an
+ * engine made with context_nodes > 0 and every slot idle. 0 / -1 (unknown name, added twice...). */
+int pdf2_batch_engine_add_draft_source(pdf2_batch_engine * e, const char * name);
 /* Bounds of the global context cache (defaults: 16 keys, per key 256 past outputs and 128K
  * tokens): the least recently used key, and a key's oldest outputs, go first. Empties it. 0 / -1. */
 int pdf2_batch_engine_set_context_cache_limits(pdf2_batch_engine * e, int32_t max_keys, int32_t max_documents,

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..draft_decision import expected_tokens
 from .dataset import Dataset
 from .model import DFlash2Drafter
 
@@ -215,12 +216,9 @@ def compute_losses(model: DFlash2Drafter, batch: Batch, opts: LossOptions | None
 
 
 def expected_tau(acc: list[float]) -> float:
-    """1 + sum_k prod_{j<=k} acc_j: committed tokens per step if position accuracies were independent."""
-    tau, run = 1.0, 1.0
-    for a in acc:
-        run *= a
-        tau += run
-    return tau
+    """1 + sum_k prod_{j<=k} acc_j: committed tokens per step if position accuracies were independent
+    (the engines' own formula, native draft_length.h, through the C API)."""
+    return expected_tokens(acc)
 
 
 def lr_at(frac: float, warmup: float = 0.03, floor: float = 0.1) -> float:

@@ -168,7 +168,6 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
     // context paths may go deeper than the drafter's block
     step_width_ = std::max(max_draft_, opts.context_nodes > 0 ? kContextMaxDepth : 0);
     stats_.accepted_per_pos.assign(static_cast<size_t>(step_width_), 0);
-    stats_.context_accepted_per_pos.assign(static_cast<size_t>(step_width_), 0);
     if (opts.context_nodes > 0) init_context();
     if (feed_drafters_) {
         // feature rows are copied at every step and prompt chunk: buffers of their largest size
@@ -184,8 +183,8 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
         for (Slot & s : slots_) {
             s.drafting.feed.features.reserve(static_cast<size_t>(batch_cap_ + max_draft_ + 1) * width);
             s.drafting.feed.positions.reserve(static_cast<size_t>(batch_cap_ + max_draft_ + 1));
-            s.drafting.source = std::make_unique<DFlashDraftSource>(*s.drafting.drafter, s.drafting.feed, tree_policy_,
-                                                                    target_.vocab(), source_opts);
+            s.drafting.sources.set_lattice(std::make_unique<DFlashDraftSource>(
+                *s.drafting.drafter, s.drafting.feed, tree_policy_, lattice_calibration_, target_.vocab(), source_opts));
         }
     }
 }
@@ -304,7 +303,7 @@ void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, std::
     s.request.stats.n_max_used.assign(static_cast<size_t>(max_draft_) + 1, 0);
     stats_.n_prompt_reused += keep;
     s.drafting.policy = shared_policy_;  // the costs, and the acceptance seen so far
-    start_context(s, prompt);
+    s.drafting.sources.begin(SourceStart{&prompt, static_cast<int>(s.context_mode), &s.context_key});
     s.state = State::Prefill;
 }
 
@@ -319,7 +318,7 @@ void BatchEngine::stop(int slot) {
     s.seq.pending.clear();
     s.seq.history.resize(static_cast<size_t>(std::min<int32_t>(held, static_cast<int32_t>(s.seq.history.size()))));
     s.state = State::Idle;
-    if (s.drafting.context != nullptr) s.drafting.context->finish();  // its output joins the global cache
+    s.drafting.sources.finish();  // the context's output joins the global cache
     s.request.prompt.clear();
     s.request.sampler.reset();
 }
@@ -437,14 +436,15 @@ void BatchEngine::add_verify_time(double seconds, double head_s0) {
 
 // The committed tokens of a verified step: out[0..k) the accepted drafts, out[k] the next anchor.
 void BatchEngine::commit_tokens(int idx, Slot & s, const std::vector<llama_token> & accepted, llama_token next,
-                                std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
+                                const std::vector<char> * node_accepted, std::vector<int32_t> & counts,
+                                std::vector<llama_token> & tokens) {
     const int k = static_cast<int>(accepted.size());
     s.seq.history.push_back(s.seq.anchor);
     s.seq.history.insert(s.seq.history.end(), accepted.begin(), accepted.end());
     llama_token * out = tokens.data() + static_cast<size_t>(idx) * (static_cast<size_t>(step_width_) + 1);
     std::copy(accepted.begin(), accepted.end(), out);
     out[k] = next;
-    if (s.drafting.context != nullptr) s.drafting.context->commit(out, static_cast<size_t>(k) + 1);
+    s.drafting.sources.accept(Verified{out, static_cast<size_t>(k) + 1, &s.rows.block, node_accepted});
     counts[static_cast<size_t>(idx)] = k + 1;
     stats_.n_generated += k + 1;
     s.request.stats.n_generated += k + 1;
@@ -475,14 +475,11 @@ void BatchEngine::commit_chain(int idx, Slot & s, std::vector<int32_t> & counts,
     s.request.stats.n_max_used[static_cast<size_t>(n)] += 1;
     if (n > 0) {
         record_drafted_step(s, n, n, k);
-        stats_.n_lattice_nodes += n;
-        stats_.n_lattice_accepted += k;
-        s.request.stats.n_lattice_nodes += n;
-        s.request.stats.n_lattice_accepted += k;
         s.drafting.policy.observe(n, k);
         shared_policy_.observe(n, k);
     }
-    commit_tokens(idx, s, std::vector<llama_token>(drafts.begin(), drafts.begin() + k), v.next, counts, tokens);
+    commit_tokens(idx, s, std::vector<llama_token>(drafts.begin(), drafts.begin() + k), v.next, nullptr, counts,
+                  tokens);
 }
 
 // A verified tree (verify_tree): the accepted path's cells join the slot's sequence and the
@@ -532,10 +529,9 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
     const int depth = *std::max_element(t.depth.begin(), t.depth.end());
     st.n_max_used[static_cast<size_t>(std::min(depth, max_draft_))] += 1;
     record_drafted_step(s, depth, n, k);
-    record_sources(s, path);
-    if (s.rows.block.has_context_nodes()) {
-        // the lattice's policies learn from its own chains and trees; its nodes here teach the
-        // calibrations only (record_sources)
+    if (s.rows.block.is_merged()) {
+        // the lattice's policies learn from its own chains and trees; its nodes here teach its
+        // calibration only (DFlashDraftSource::accept)
     } else if (tree_policy_.max_budget() > 0) {
         // the chain's estimate learns what the chain would have done: the greedy selector's path is the tree's
         // first-child chain (rows 1..its length), of which the path kept its first n_in_place nodes
@@ -548,7 +544,9 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
         s.drafting.policy.observe(depth, k);
         shared_policy_.observe(depth, k);
     }
-    commit_tokens(idx, s, accepted, v.next, counts, tokens);
+    std::vector<char> node_accepted(static_cast<size_t>(n), 0);
+    for (const int32_t node : path) node_accepted[static_cast<size_t>(node)] = 1;
+    commit_tokens(idx, s, accepted, v.next, &node_accepted, counts, tokens);
     s.rows.block.is_tree = false;
 }
 
@@ -569,7 +567,7 @@ void BatchEngine::commit_prefill(int idx, Slot & s, std::vector<int32_t> & count
     s.seq.pos = s.seq.n_prefilled;
     s.seq.anchor = first;
     tokens[static_cast<size_t>(idx) * (static_cast<size_t>(step_width_) + 1)] = first;
-    if (s.drafting.context != nullptr) s.drafting.context->commit(&first, 1);
+    s.drafting.sources.accept(Verified{&first, 1, nullptr, nullptr});  // a prompt's first token: no block
     counts[static_cast<size_t>(idx)] = 1;
     stats_.n_generated += 1;
     s.request.stats.n_generated += 1;

@@ -13,11 +13,9 @@
 // keeps no prompt cache).
 #pragma once
 
-#include "engine/context_draft_source.h"
 #include "engine/cost_model.h"
-#include "engine/dflash_draft_source.h"
 #include "engine/draft_length.h"
-#include "engine/draft_source.h"
+#include "engine/draft_sources.h"
 #include "engine/path_calibration.h"
 #include "drafter/draft_tree.h"
 #include "drafter/drafter.h"
@@ -99,12 +97,9 @@ struct SlotStats {
     std::vector<int64_t> drafted;     // per block position 1..max_draft: blocks that reached it
     std::vector<int64_t> accepted;    // ... and accepted its draft
     std::vector<int64_t> n_max_used;  // histogram of drafts per step over 0..max_draft
-    // drafted tree nodes (chain drafts) by source, and how many were accepted (a node both
-    // sources proposed counts for both)
-    int64_t n_lattice_nodes = 0, n_lattice_accepted = 0;
-    int64_t n_context_nodes = 0, n_context_accepted = 0;
-    int64_t n_context_steps = 0;    // steps that verified context drafts
-    int64_t n_propose_skipped = 0;  // ... of which without the drafter's propose (context alone)
+    // (drafted nodes by source: each source's own counters, draft_sources.h)
+    int64_t n_context_steps = 0;    // steps that verified a merged or candidates-only tree
+    int64_t n_propose_skipped = 0;  // ... of which without the drafter's propose (candidates alone)
 };
 
 // Engine-wide counters since creation (the server turns them into metrics).
@@ -119,10 +114,7 @@ struct BatchStats {
     int64_t n_draft_tokens = 0;  // drafted tokens verified
     int64_t n_accepted = 0;      // ... of which accepted
     std::vector<int64_t> accepted_per_pos;  // accepted at block position (tree depth) 1..step width
-    int64_t n_lattice_nodes = 0, n_lattice_accepted = 0;  // by source, as SlotStats
-    int64_t n_context_nodes = 0, n_context_accepted = 0;
-    int64_t n_context_steps = 0, n_propose_skipped = 0;
-    std::vector<int64_t> context_accepted_per_pos;  // accepted context nodes per depth
+    int64_t n_context_steps = 0, n_propose_skipped = 0;  // as SlotStats
     double draft_s = 0, decode_s = 0, inject_s = 0;
     // per-phase breakdown of step() (seconds): inject_s (feature copies + drafter
     // inject graphs), propose_s (drafter propose graphs + read-back), select_s,
@@ -178,6 +170,9 @@ class BatchEngine {
     // Context drafts for the slot's next requests: off, their own context, or also the past
     // outputs of `key` (the global cache: one per API key). Needs context_nodes > 0.
     void set_context_drafts(int slot, ContextDrafts mode, const std::string & key);
+    // Adds a registered candidate source (draft_sources.cpp, e.g. "repeat") to every slot; its
+    // offers join the merged trees. Needs context_nodes > 0 (the tree rows) and idle slots.
+    void add_draft_source(const std::string & name);
     // Bounds of the global context cache: keys kept (least recently used out), and per key its past
     // outputs and their tokens. Empties the cache.
     void set_context_cache_limits(size_t max_keys, int max_documents, size_t max_tokens);
@@ -233,8 +228,7 @@ class BatchEngine {
     struct Drafting {
         Drafter * drafter = nullptr;
         DrafterFeed feed;
-        std::unique_ptr<DraftSource> source;
-        std::unique_ptr<ContextDraftSource> context;  // context drafts (null when the engine has none)
+        SlotSources sources;  // the drafter's lattice, the candidate sources, the merged tree
         DraftLengthPolicy policy{0};
     };
     // This step's rows in the batch: the drafted block and where its rows sit.
@@ -258,8 +252,8 @@ class BatchEngine {
     // One step's plan (step_planner.cpp): per decoding slot, how many drafts and tree nodes.
     enum class Source {
         Lattice,  // the drafter's chain or tree (or nothing)
-        Context,  // the context's tree alone: no propose
-        Merged,   // the drafter's lattice and the context's candidates in one tree
+        Context,  // the candidate sources' tree alone (the context's...): no propose
+        Merged,   // the drafter's lattice and the candidates in one tree
     };
     struct SlotPlan {
         int n_drafts = 0;
@@ -291,7 +285,7 @@ class BatchEngine {
     DraftRequest draft_request(Slot & s, int n, int tree_budget) const;
     void plan_context(StepPlan & plan);  // which slots draft from the context, alone or merged
     void draft_merged(Slot & s, const SlotPlan & p);
-    int context_prefix(const MergedTree & m) const;  // the merged tree's best prefix
+    int context_prefix(const DraftBlock & b) const;  // the merged tree's best prefix
 
     // batch_builder.cpp
     int32_t add_group_rows(int n_rows, const std::vector<int> & members);  // returns the filler rows
@@ -314,14 +308,15 @@ class BatchEngine {
     // batch_engine.cpp: the commits of verified rows
     void commit_chain(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     void commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
+    // (node_accepted: a tree's nodes on the accepted path, else null)
     void commit_tokens(int idx, Slot & s, const std::vector<llama_token> & accepted, llama_token next,
-                       std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
+                       const std::vector<char> * node_accepted, std::vector<int32_t> & counts,
+                       std::vector<llama_token> & tokens);
     void commit_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     void record_drafted_step(Slot & s, int depth, int n_drafted, int k);
-    void record_sources(Slot & s, const std::vector<int32_t> & path);
     void write_context_stats(JsonWriter & w) const;  // batch_engine_stats.cpp
+    void write_source_stats(JsonWriter & w, const Slot * slot) const;  // one slot's request, or all
     void init_context();  // batch_engine_context.cpp: the slots' context sources, the global cache
-    void start_context(Slot & s, const std::vector<llama_token> & prompt);
     void record_logprob(Slot & s, const float * logits, llama_token token);
     void add_verify_time(double seconds, double head_s0);  // verify logic, and the lazy head as decode
     void queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0);
@@ -373,8 +368,7 @@ class BatchEngine {
     TreeBudgetPolicy tree_policy_{0};  // tree_auto: one for the engine, as shared_policy_
     // each source's estimates against what verification accepted (merged trees price by them)
     PathCalibration lattice_calibration_;
-    MatchAcceptance context_acceptance_;  // the context's (context_draft_source.h)
-    ContextCaches context_caches_;  // past outputs per API key (ContextDrafts::Global)
+    SourceKit source_kit_;  // what each kind of candidate source learns over all slots
     int64_t n_auto_tree_steps_ = 0, n_tree_probes_ = 0;
     std::vector<float> feat_;
 };

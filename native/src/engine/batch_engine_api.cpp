@@ -118,6 +118,14 @@ extern "C" int pdf2_batch_engine_set_context_drafts(pdf2_batch_engine * e, int32
     });
 }
 
+extern "C" int pdf2_batch_engine_add_draft_source(pdf2_batch_engine * e, const char * name) {
+    return pdf2::guarded<int>(-1, [&] {
+        if (name == nullptr) throw pdf2::Error("the draft source's name is NULL");
+        get(e).add_draft_source(name);
+        return 0;
+    });
+}
+
 extern "C" int pdf2_batch_engine_set_context_cache_limits(pdf2_batch_engine * e, int32_t max_keys,
                                                          int32_t max_documents, int64_t max_tokens) {
     return pdf2::guarded<int>(-1, [&] {

@@ -2,6 +2,9 @@
 
 #include "common/json_writer.h"
 
+#include <map>
+#include <string>
+
 namespace pdf2 {
 
 // A verified step that drafted: per block position (tree depth) 1..depth, whether the verify
@@ -21,22 +24,73 @@ void BatchEngine::record_drafted_step(Slot & s, int depth, int n_drafted, int k)
     }
 }
 
-// Drafts by source (a node both sources proposed counts for both), and the global cache.
+// Drafts by source, each source's own counters (a node two sources proposed counts for both):
+// one slot's request, or (slot null) the engine's since creation over all slots.
+void BatchEngine::write_source_stats(JsonWriter & w, const Slot * slot) const {
+    std::map<std::string, SourceCounts> by_name;
+    std::map<std::string, std::vector<int64_t>> per_depth;
+    for (const Slot & s : slots_) {
+        if (slot != nullptr && &s != slot) continue;
+        for (const DraftSource * src : s.drafting.sources.all()) {
+            if (src == nullptr) continue;
+            const SourceCounts & c = slot != nullptr ? src->stats().request : src->stats().total;
+            SourceCounts & sum = by_name[src->name()];
+            sum.nodes += c.nodes;
+            sum.accepted += c.accepted;
+            sum.steps += c.steps;
+            std::vector<int64_t> & d = per_depth[src->name()];
+            const std::vector<int64_t> & own = src->stats().accepted_per_depth;
+            if (d.size() < own.size()) d.resize(own.size(), 0);
+            for (size_t i = 0; i < own.size(); ++i) d[i] += own[i];
+        }
+    }
+    w.key("sources").begin_object();
+    for (const auto & [name, c] : by_name) {
+        w.key(name).begin_object();
+        w.field("drafted", c.nodes);
+        w.field("accepted", c.accepted);
+        w.field("steps", c.steps);
+        if (slot == nullptr) {
+            w.key("accepted_per_depth").begin_array();
+            for (const int64_t x : per_depth[name]) w.value(x);
+            w.end_array();
+        }
+        w.end_object();
+    }
+    w.end_object();
+}
+
+// The context's figures (the lattice's and the context's drafts beside each other), and the global cache.
 void BatchEngine::write_context_stats(JsonWriter & w) const {
+    SourceCounts lattice, context;
+    std::vector<int64_t> context_per_depth(static_cast<size_t>(step_width_), 0);
+    for (const Slot & s : slots_) {
+        for (const DraftSource * src : s.drafting.sources.all()) {
+            if (src == nullptr) continue;
+            const bool is_context = std::string(src->name()) == "context";
+            if (!is_context && src->index() != 0) continue;
+            SourceCounts & sum = is_context ? context : lattice;
+            sum.nodes += src->stats().total.nodes;
+            sum.accepted += src->stats().total.accepted;
+            if (!is_context) continue;
+            const std::vector<int64_t> & own = src->stats().accepted_per_depth;
+            for (size_t i = 0; i < own.size() && i < context_per_depth.size(); ++i) context_per_depth[i] += own[i];
+        }
+    }
     w.key("context").begin_object();
     w.field("max_nodes", opts_.context_nodes);
-    w.field("lattice_nodes", stats_.n_lattice_nodes);
-    w.field("lattice_accepted", stats_.n_lattice_accepted);
-    w.field("context_nodes", stats_.n_context_nodes);
-    w.field("context_accepted", stats_.n_context_accepted);
+    w.field("lattice_nodes", lattice.nodes);
+    w.field("lattice_accepted", lattice.accepted);
+    w.field("context_nodes", context.nodes);
+    w.field("context_accepted", context.accepted);
     w.field("context_steps", stats_.n_context_steps);
     w.field("propose_skipped", stats_.n_propose_skipped);
     w.key("context_accepted_per_depth").begin_array();
-    for (const int64_t x : stats_.context_accepted_per_pos) w.value(x);
+    for (const int64_t x : context_per_depth) w.value(x);
     w.end_array();
-    w.field("cache_keys", static_cast<int64_t>(context_caches_.n_keys()));
-    w.field("cache_documents", static_cast<int64_t>(context_caches_.n_documents()));
-    w.field("cache_tokens", static_cast<int64_t>(context_caches_.n_tokens()));
+    w.field("cache_keys", static_cast<int64_t>(source_kit_.context_caches.n_keys()));
+    w.field("cache_documents", static_cast<int64_t>(source_kit_.context_caches.n_documents()));
+    w.field("cache_tokens", static_cast<int64_t>(source_kit_.context_caches.n_tokens()));
     w.end_object();
 }
 
@@ -78,6 +132,7 @@ std::string BatchEngine::stats_json() const {
     if (opts_.context_nodes > 0) {
         write_context_stats(w);
     }
+    write_source_stats(w, nullptr);
     int64_t busy = 0;
 
     for (const Slot & s : slots_) busy += s.state == State::Idle ? 0 : 1;
@@ -97,15 +152,19 @@ std::string BatchEngine::stats_json() const {
         w.end_array();
         if (costs_.has_row_cost()) {
             // the choice one slot would make now: the best tree, against the chain's best n (0 = plain)
-            const auto [b, tree_rate] = tree_policy_.best([&](int nodes) { return costs_.step_seconds(1, nodes + 1, max_draft_); });
+            const Choice tree = tree_policy_.best([&](int nodes) { return costs_.step_seconds(1, nodes + 1, max_draft_); });
             const int n = shared_policy_.best();
-            w.field("best_budget", b);
-            w.field("tree_expected_tokens", 1.0 + tree_policy_.expected_accepted(b));
-            w.field("tree_rate", tree_rate);
+            const Price chain = shared_policy_.price(n);
+            w.field("best_budget", tree.index);
+            w.field("tree_expected_tokens", tree.price.committed);
+            w.field("tree_rate", tree.rate);
             w.field("chain_n", n);
-            w.field("chain_expected_tokens", shared_policy_.expected_tokens(n));
-            w.field("chain_rate", shared_policy_.expected_rate(n));
-            w.field("plain_rate", shared_policy_.expected_rate(0));
+            w.field("chain_expected_tokens", chain.committed);
+            w.field("chain_rate", chain.rate());
+            w.field("plain_rate", shared_policy_.price(0).rate());
+            // the chain first: a tie keeps it
+            const bool tree_wins = best_rate(0, 1, [&](int i) { return i == 0 ? chain : tree.price; }).index == 1;
+            w.field("choice", tree_wins ? "tree" : n > 0 ? "chain" : "plain");
         }
         w.end_object();
     }
@@ -135,12 +194,19 @@ std::string BatchEngine::slot_stats_json(int slot) {
     array("accepted_per_position", st.accepted);
     array("n_max_histogram", st.n_max_used);
     w.field("n_tree_steps", st.n_tree_steps);
-    w.field("lattice_drafted", st.n_lattice_nodes);
-    w.field("lattice_accepted", st.n_lattice_accepted);
-    w.field("context_drafted", st.n_context_nodes);
-    w.field("context_accepted", st.n_context_accepted);
+    SourceCounts lattice, context;
+    for (const DraftSource * src : s.drafting.sources.all()) {
+        if (src == nullptr) continue;
+        if (src->index() == 0) lattice = src->stats().request;
+        if (std::string(src->name()) == "context") context = src->stats().request;
+    }
+    w.field("lattice_drafted", lattice.nodes);
+    w.field("lattice_accepted", lattice.accepted);
+    w.field("context_drafted", context.nodes);
+    w.field("context_accepted", context.accepted);
     w.field("context_steps", st.n_context_steps);
     w.field("propose_skipped", st.n_propose_skipped);
+    write_source_stats(w, &s);
     w.key("acceptance_estimate").begin_array();
     for (const double a : s.drafting.policy.acceptance()) w.value(a);
     w.end_array();

@@ -57,21 +57,26 @@ void MatchAcceptance::observe(int m, double share, bool accepted) {
     accepted_[b] = DECAY * accepted_[b] + (accepted ? 1.0 : 0.0);
 }
 
-void ContextDraftSource::start(const std::vector<llama_token> & prompt, ContextCaches * caches,
-                               const std::string & key) {
+void ContextDraftSource::begin(const SourceStart & start) {
+    reset_request_stats();
+    if (static_cast<ContextDrafts>(start.context_mode) == ContextDrafts::Off) {
+        finish();
+        return;
+    }
     index_.clear();
-    index_.append(prompt.data(), prompt.size());
-    n_prompt_ = prompt.size();
-    caches_ = caches;
-    key_ = key;
+    index_.append(start.prompt->data(), start.prompt->size());
+    n_prompt_ = start.prompt->size();
+    caches_ = static_cast<ContextDrafts>(start.context_mode) == ContextDrafts::Global ? &global_ : nullptr;
+    key_ = start.key != nullptr ? *start.key : std::string();
     active_ = true;
     scored_size_ = static_cast<size_t>(-1);
 }
 
-void ContextDraftSource::commit(const llama_token * tokens, size_t n) {
+void ContextDraftSource::accept(const Verified & v) {
+    DraftSource::accept(v);
     if (!active_) return;
-    observe(tokens, n);
-    index_.append(tokens, n);
+    observe(v.committed, v.n_committed);
+    index_.append(v.committed, v.n_committed);
 }
 
 // The committed tokens are the target's own choices, so every candidate along them tells what its
@@ -141,16 +146,17 @@ const ScoredNodes & ContextDraftSource::candidates(int max_depth) {
     return scored_;
 }
 
-std::vector<double> ContextDraftSource::expected_accepted(int max_depth, int max_nodes) {
-    const MergedTree m = merge_draft_trees(ScoredNodes{}, candidates(max_depth), max_nodes, kContextBranches);
-    std::vector<double> out(1, 0.0);
-    for (const double lp : m.tree.logp) out.push_back(out.back() + std::exp(lp));
-    return out;
+const ScoredNodes * ContextDraftSource::offer(int max_depth) {
+    if (!active_ || max_depth <= 0) return nullptr;
+    const ScoredNodes & c = candidates(max_depth);
+    return c.size() > 0 ? &c : nullptr;
 }
 
 void ContextDraftSource::draft(const DraftRequest & req, DraftBlock & out) {
     const auto t0 = Clock::now();
-    MergedTree m = merge_draft_trees(ScoredNodes{}, candidates(req.n), req.tree_budget, kContextBranches);
+    std::vector<const ScoredNodes *> sources(static_cast<size_t>(index()) + 1, nullptr);
+    sources.back() = &candidates(req.n);
+    MergedTree m = merge_draft_trees(sources, req.tree_budget, kContextBranches);
     out.set_merged(std::move(m));
     out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     out.select_s = out.seconds;

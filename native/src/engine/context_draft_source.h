@@ -47,23 +47,24 @@ enum class ContextDrafts {
 
 class ContextDraftSource final : public DraftSource {
   public:
-    explicit ContextDraftSource(MatchAcceptance & acceptance) : acceptance_(acceptance) {}
+    // acceptance: what continuations by match length get, learned over all slots; caches: the past
+    // outputs per key (ContextDrafts::Global)
+    ContextDraftSource(MatchAcceptance & acceptance, ContextCaches & caches) : acceptance_(acceptance), global_(caches) {}
+    const char * name() const override { return "context"; }
 
-    // A new request: its prompt starts the stream; caches (null: only its own context): the past
-    // outputs of `key` it also drafts from and adds its output to. The cache is looked up at each
-    // use: another request may evict the key meanwhile.
-    void start(const std::vector<llama_token> & prompt, ContextCaches * caches, const std::string & key);
+    // A new request: its prompt starts the stream; in global mode it also drafts from the past
+    // outputs of its key, and adds its output to them. The cache is looked up at each use: another
+    // request may evict the key meanwhile.
+    void begin(const SourceStart & start) override;
     // tokens the verify committed: the last candidates teach MatchAcceptance what they would have
     // got, then the tokens join the stream
-    void commit(const llama_token * tokens, size_t n);
-    void finish();  // the request ended: its output joins the global cache
+    void accept(const Verified & v) override;
+    void finish() override;  // the request ended: its output joins the global cache
     bool active() const { return active_; }
 
     // The candidates after the stream's last token, at most max_depth deep, calibrated
-    // (recomputed only when the stream or max_depth changed).
-    const ScoredNodes & candidates(int max_depth);
-    // expected accepted drafts of the best b candidate nodes, b = 0..size (a best-first tree)
-    std::vector<double> expected_accepted(int max_depth, int max_nodes);
+    // (recomputed only when the stream or max_depth changed); null when nothing matches.
+    const ScoredNodes * offer(int max_depth) override;
 
     // The context's tree alone: the best req.tree_budget nodes, at most req.n deep.
     void draft(const DraftRequest & req, DraftBlock & out) override;
@@ -73,9 +74,12 @@ class ContextDraftSource final : public DraftSource {
 
     void observe(const llama_token * tokens, size_t n);
 
+    const ScoredNodes & candidates(int max_depth);
+
     MatchAcceptance & acceptance_;
+    ContextCaches & global_;
     ContextIndex index_;
-    ContextCaches * caches_ = nullptr;
+    ContextCaches * caches_ = nullptr;  // &global_ in global mode
     std::string key_;
     size_t n_prompt_ = 0;
     bool active_ = false;

@@ -1,9 +1,12 @@
-// The cost model of a step: the one formula that prices verifying rows and drafting blocks, and
-// the acceptance prior of a block position never drafted. The draft length (draft_length.h), the
-// batch's common length and the automatic tree budget (tree_budget.h) all price steps here, and
-// pydflash2/draft_decision.py reads the priors through the C API (pdf2_draft_prior_*).
+// The cost model of a step: the one formula that prices verifying rows and drafting blocks, the
+// one chooser (best_rate) that picks among priced options by committed tokens per second, and the
+// acceptance prior of a block position never drafted. The draft length (draft_length.h), the
+// batch's common length, the automatic tree budget (tree_budget.h), the context and merged trees'
+// prefixes (merged_draft_tree.h) and the planner's choice of source all choose here, and
+// pydflash2/draft_decision.py reads the priors and the choices through the C API.
 #pragma once
 
+#include <algorithm>
 #include <vector>
 
 namespace pdf2 {
@@ -12,6 +15,33 @@ namespace pdf2 {
 // drafter is assumed to get one draft in two.
 constexpr double PRIOR_REACHED = 2.0;
 constexpr double PRIOR_ACCEPTED = 1.0;
+
+// One option a step could take: the tokens it is expected to commit (per slot 1 + its expected
+// accepted drafts, summed over the slots it covers) and what the step costs.
+struct Price {
+    double committed = 1.0;
+    double seconds = 0.0;
+    double rate() const { return committed / std::max(seconds, 1e-9); }  // committed tokens per second
+};
+
+// What the chooser picked: the option's index (-1: no options), its rate and its price.
+struct Choice {
+    int index = -1;
+    double rate = 0.0;
+    Price price;
+};
+
+// The one place that chooses: of options first..last (price(i) -> Price), the one with the best
+// rate; ties keep the earliest (the cheaper option, listed first by every caller).
+template <class PriceOf> Choice best_rate(int first, int last, PriceOf price) {
+    Choice best;
+    for (int i = first; i <= last; ++i) {
+        const Price p = price(i);
+        const double r = p.rate();
+        if (best.index < 0 || r > best.rate) best = {i, r, p};
+    }
+    return best;
+}
 
 // Measured costs: verify_s[B-1] = seconds of a target decode of B rows, draft_s[n-1] = seconds to
 // propose a block of n drafts. Sizes past a table's end cost its last entry.

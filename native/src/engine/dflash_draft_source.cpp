@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 namespace pdf2 {
 
@@ -37,6 +38,38 @@ void DFlashDraftSource::draft(const DraftRequest & req, DraftBlock & out) {
     }
     out.select_s = seconds_since(t_select);
     out.seconds = seconds_since(t0);
+}
+
+void DFlashDraftSource::begin(const SourceStart & start) {
+    (void)start;
+    reset_request_stats();
+}
+
+void DFlashDraftSource::accept(const Verified & v) {
+    DraftSource::accept(v);
+    if (v.block == nullptr || !v.block->is_tree) return;
+    std::vector<double> logp;
+    std::vector<char> hit;
+    for (const int32_t node : own_nodes(*v.block)) {
+        logp.push_back(node_logp(*v.block, node));
+        hit.push_back((*v.node_accepted)[static_cast<size_t>(node)]);
+    }
+    if (!logp.empty()) calibration_.observe(logp, hit);
+}
+
+ScoredNodes DFlashDraftSource::scored(const DraftBlock & block, const std::vector<double> & chain_acceptance) const {
+    if (block.is_tree) return scored_nodes(block.tree, [&](double logp) { return calibration_.calibrated(logp); });
+    ScoredNodes out;
+    double logp = 0.0;
+    for (size_t j = 0; j < block.tokens.size(); ++j) {
+        logp += std::log(std::max(1e-9, j < chain_acceptance.size() ? chain_acceptance[j] : 0.5));
+        out.parent.push_back(static_cast<int32_t>(j) - 1);
+        out.token.push_back(block.tokens[j]);
+        out.cand.push_back(-1);
+        out.raw_logp.push_back(logp);
+        out.p.push_back(std::exp(logp));
+    }
+    return out;
 }
 
 void DFlashDraftSource::draft_tree(const Lattice & lattice, int tree_budget, DraftBlock & out) {

@@ -33,12 +33,21 @@ struct DFlashSourceOptions {
 
 class DFlashDraftSource final : public DraftSource {
   public:
-    // tree_policy: the engine's automatic tree budget, which learns from every full lattice
+    // tree_policy: the engine's automatic tree budget, which learns from every full lattice;
+    // calibration: its selector estimates against what the target accepted (merged trees price by it)
     DFlashDraftSource(Drafter & drafter, DrafterFeed & feed, TreeBudgetPolicy & tree_policy,
-                      const llama_vocab * vocab, const DFlashSourceOptions & opts)
-        : drafter_(drafter), feed_(feed), tree_policy_(tree_policy), vocab_(vocab), opts_(opts) {}
+                      PathCalibration & calibration, const llama_vocab * vocab, const DFlashSourceOptions & opts)
+        : drafter_(drafter), feed_(feed), tree_policy_(tree_policy), calibration_(calibration), vocab_(vocab),
+          opts_(opts) {}
+    const char * name() const override { return "lattice"; }
 
+    void begin(const SourceStart & start) override;
     void draft(const DraftRequest & req, DraftBlock & out) override;
+    // its tree nodes teach the calibration which estimates the target accepted
+    void accept(const Verified & v) override;
+    // The block just drafted as candidates for a merged tree: a tree's nodes calibrated, a chain's
+    // (DFlash1) each at the running acceptance estimate of its position (chain_acceptance).
+    ScoredNodes scored(const DraftBlock & block, const std::vector<double> & chain_acceptance) const;
 
   private:
     void draft_tree(const Lattice & lattice, int tree_budget, DraftBlock & out);
@@ -48,6 +57,7 @@ class DFlashDraftSource final : public DraftSource {
     Drafter & drafter_;
     DrafterFeed & feed_;
     TreeBudgetPolicy & tree_policy_;
+    PathCalibration & calibration_;
     const llama_vocab * vocab_;
     DFlashSourceOptions opts_;
 };

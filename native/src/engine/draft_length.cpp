@@ -50,24 +50,18 @@ double expected_tokens(const std::vector<double> & acceptance, int n) {
     return expected;
 }
 
+Price draft_price(const std::vector<double> & acceptance, const StepCosts & costs, int n) {
+    return Price{expected_tokens(acceptance, n), costs.step_seconds(1, n + 1, n)};
+}
+
 double expected_rate(const std::vector<double> & acceptance, const StepCosts & costs, int n) {
-    if (!costs.measured()) {
-        return 0.0;
-    }
-    return expected_tokens(acceptance, n) / std::max(costs.step_seconds(1, n + 1, n), 1e-9);
+    return costs.measured() ? draft_price(acceptance, costs, n).rate() : 0.0;
 }
 
 int best_draft_length(const std::vector<double> & acceptance, const StepCosts & costs) {
-    int best = 0;
-    double best_rate = expected_rate(acceptance, costs, 0);
-    for (int n = 1; n <= static_cast<int>(acceptance.size()); ++n) {
-        const double r = expected_rate(acceptance, costs, n);
-        if (r > best_rate) {
-            best = n;
-            best_rate = r;
-        }
-    }
-    return best;
+    if (!costs.measured()) return 0;
+    return best_rate(0, static_cast<int>(acceptance.size()),
+                     [&](int n) { return draft_price(acceptance, costs, n); }).index;
 }
 
 double DraftLengthPolicy::expected_tokens(int n) const { return pdf2::expected_tokens(acceptance(), n); }

@@ -13,6 +13,8 @@ namespace pdf2 {
 // Committed tokens per step with n drafts (1 + expected accepted), given the conditional
 // acceptance of each block position.
 double expected_tokens(const std::vector<double> & acceptance, int n);
+// One slot's step with n drafts, priced: expected_tokens against a verify of n+1 rows + drafting n.
+Price draft_price(const std::vector<double> & acceptance, const StepCosts & costs, int n);
 // Committed tokens per second with n drafts on one slot: expected_tokens / (verify of n+1 rows +
 // drafting n), priced by the cost model; 0 without measured costs.
 double expected_rate(const std::vector<double> & acceptance, const StepCosts & costs, int n);
@@ -43,6 +45,7 @@ class DraftLengthPolicy {
     std::vector<double> acceptance() const;
     double expected_tokens(int n) const;  // committed per step with n drafts (1 + accepted)
     double expected_rate(int n) const;    // committed tokens per second
+    Price price(int n) const { return draft_price(acceptance(), costs_, n); }  // needs measured costs
 
   private:
     int max_draft_;

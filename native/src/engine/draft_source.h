@@ -1,8 +1,11 @@
-// Where a step's candidate tokens come from. The planner asks each decoding slot's source for one
-// block; every drafting method is one struct behind this interface (llama.cpp's
-// common/speculative.cpp has the same shape), so a new method is one new file. The sources: the
-// DFlash drafter's proposal (dflash_draft_source.h) and the context's continuations
-// (context_draft_source.h); the planner merges both into one tree (merged_draft_tree.h).
+// Where a step's candidate tokens come from. Every drafting method is one class behind this
+// interface, with the lifecycle llama.cpp's common/speculative.cpp gives its methods (begin, draft,
+// accept) and, since this engine prices its sources, an offer: what the source could draft this
+// step, as candidate nodes with calibrated acceptance estimates, known before anything is drafted.
+// The sources: the DFlash drafter's lattice (dflash_draft_source.h, which learns its candidates only
+// by drafting), the context's continuations (context_draft_source.h) and the last tokens repeated
+// (repeat_draft_source.h); the merged tree (merged_draft_source.h) is a composite source over them.
+// A new method is one new file and one line in draft_sources.cpp's registry.
 #pragma once
 
 #include "drafter/draft_tree.h"
@@ -12,6 +15,7 @@
 #include <llama.h>
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -25,6 +29,11 @@ struct DraftRequest {
     int n = 0;
     int tree_budget = 0;
     TargetSampler * sampler = nullptr;  // the request's chain: its law, grammar and generator
+    // a merged tree (merged_draft_source.h): its candidate paths' depth and its leaves, and the
+    // acceptance of a DFlash1 chain's positions (its drafts' estimates)
+    int depth = 0;
+    int max_leaves = 0;
+    const std::vector<double> * chain_acceptance = nullptr;
 };
 
 // The candidates a source returns, and what drafting them cost (the engine's phase timings).
@@ -33,10 +42,10 @@ struct DraftBlock {
     std::vector<SparseDist> q;        // chain: the law each draft was drawn from (one-hot when picked)
     bool is_tree = false;             // tokens are tree's nodes
     DraftTree tree;
-    // a tree with context nodes (merged_draft_tree.h), per node: its sources and their raw
-    // estimates; empty: every node is the drafter's
+    // a merged tree (merged_draft_tree.h), per node: its sources (DraftOrigin bits) and, per
+    // source index, their raw log-estimates; empty: every node is the drafter's
     std::vector<uint8_t> origin;
-    std::vector<double> lattice_logp, context_logp;
+    std::vector<std::vector<double>> source_logp;
     double seconds = 0.0;        // all of drafting
     double propose_s = 0.0;      // ... of which the drafter's forward
     double select_s = 0.0;       // ... and choosing the block from its proposal
@@ -48,8 +57,7 @@ struct DraftBlock {
         q.clear();
         is_tree = false;
         origin.clear();
-        lattice_logp.clear();
-        context_logp.clear();
+        source_logp.clear();
         seconds = propose_s = select_s = graph_setup_s = 0.0;
         n_graph_builds = 0;
     }
@@ -57,20 +65,86 @@ struct DraftBlock {
     void set_merged(MergedTree && m) {
         tree = std::move(m.tree);
         origin = std::move(m.origin);
-        lattice_logp = std::move(m.lattice_logp);
-        context_logp = std::move(m.context_logp);
+        source_logp = std::move(m.source_logp);
         tokens.assign(tree.token.begin(), tree.token.end());
         q.clear();
         is_tree = !tokens.empty();
     }
-    bool has_context_nodes() const { return !origin.empty(); }
+    bool is_merged() const { return !origin.empty(); }
+};
+
+// A request starting on a slot: its prompt, and what context drafts may read.
+struct SourceStart {
+    const std::vector<llama_token> * prompt = nullptr;
+    int context_mode = 0;            // ContextDrafts (context_draft_source.h): 0 = off
+    const std::string * key = nullptr;  // the global cache's key (the request's API key)
+};
+
+// What one step's verification decided, told to every source of the slot, drafted by it or not.
+struct Verified {
+    const llama_token * committed = nullptr;  // the accepted drafts, then the target's next token
+    size_t n_committed = 0;
+    const DraftBlock * block = nullptr;  // the block verified (null: a prompt's first token)
+    const std::vector<char> * node_accepted = nullptr;  // a tree: per node, on the accepted path
+};
+
+// A source's own counters: nodes (chain drafts) it drafted into verified blocks, and how many the
+// target accepted (a node two sources proposed counts for both). The request's since begin(), and
+// the engine's since the source was made.
+struct SourceCounts {
+    int64_t nodes = 0, accepted = 0;
+    int64_t steps = 0;  // verified blocks that held its nodes
+};
+struct SourceStats {
+    SourceCounts request, total;
+    std::vector<int64_t> accepted_per_depth;  // total: accepted nodes at tree depth (block position) 1..
+    void count_depth(int depth) {
+        if (depth < 1) return;
+        if (accepted_per_depth.size() < static_cast<size_t>(depth)) accepted_per_depth.resize(static_cast<size_t>(depth), 0);
+        accepted_per_depth[static_cast<size_t>(depth - 1)] += 1;
+    }
+    void add(int64_t nodes, int64_t accepted) {
+        for (SourceCounts * c : {&request, &total}) {
+            c->nodes += nodes;
+            c->accepted += accepted;
+            c->steps += nodes > 0 ? 1 : 0;
+        }
+    }
 };
 
 class DraftSource {
   public:
     virtual ~DraftSource() = default;
+    virtual const char * name() const = 0;
+
+    // A request starts on the slot / has ended.
+    virtual void begin(const SourceStart & start) { (void)start; }
+    virtual void finish() {}
+    // What it could draft after the stream's last token, at most max_depth deep: candidates with
+    // calibrated estimates (merged_draft_tree.h), or null when it has none now or learns its
+    // candidates only by drafting (the drafter: its price is its policies' estimate).
+    virtual const ScoredNodes * offer(int max_depth) { (void)max_depth; return nullptr; }
     // The next block for req (n > 0); out was cleared.
     virtual void draft(const DraftRequest & req, DraftBlock & out) = 0;
+    // What verification committed. The base counts the source's nodes in the block (its origin
+    // bit; an unmerged block is the drafter's) and their acceptance; a source that learns from
+    // it overrides and calls this too.
+    virtual void accept(const Verified & v);
+
+    // The bit of its nodes in a merged block's origin (DraftOrigin), its index in source_logp.
+    void set_index(int index) { index_ = index; }
+    int index() const { return index_; }
+    uint8_t origin_bit() const { return static_cast<uint8_t>(1u << index_); }
+    const SourceStats & stats() const { return stats_; }
+
+  protected:
+    std::vector<int32_t> own_nodes(const DraftBlock & b) const;  // its nodes in a tree block
+    double node_logp(const DraftBlock & b, int32_t node) const;  // its raw log-estimate of one of them
+    void reset_request_stats() { stats_.request = SourceCounts{}; }
+
+  private:
+    int index_ = 0;
+    SourceStats stats_;
 };
 
 }  // namespace pdf2

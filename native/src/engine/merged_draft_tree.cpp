@@ -22,13 +22,12 @@ struct UnionNode {
     int32_t depth = 1;
     int32_t cand = -1;
     uint8_t origin = 0;
-    double p = 0.0;  // the larger of the sources' estimates, then capped by the parent's
-    double lattice_logp = NO_ESTIMATE;
-    double context_logp = NO_ESTIMATE;
+    double p = 0.0;  // the largest of the sources' estimates, then capped by the parent's
+    std::vector<double> source_logp;  // per source index
 };
 
 // Adds one source's nodes to the union trie (parents are added before their children).
-void add_source(const ScoredNodes & src, uint8_t origin, std::vector<UnionNode> & nodes,
+void add_source(const ScoredNodes & src, int source, int n_sources, std::vector<UnionNode> & nodes,
                 std::map<std::pair<int32_t, llama_token>, int32_t> & index) {
     std::vector<int32_t> at(static_cast<size_t>(src.size()), -1);
     for (int v = 0; v < src.size(); ++v) {
@@ -44,34 +43,33 @@ void add_source(const ScoredNodes & src, uint8_t origin, std::vector<UnionNode> 
             n.parent = parent;
             n.token = src.token[i];
             n.depth = parent < 0 ? 1 : nodes[static_cast<size_t>(parent)].depth + 1;
+            n.source_logp.assign(static_cast<size_t>(n_sources), NO_ESTIMATE);
             it = index.emplace(key, static_cast<int32_t>(nodes.size())).first;
             nodes.push_back(n);
         }
         UnionNode & n = nodes[static_cast<size_t>(it->second)];
-        n.origin |= origin;
+        n.origin |= static_cast<uint8_t>(1u << source);
         n.p = std::max(n.p, std::isfinite(src.p[i]) ? src.p[i] : 0.0);
-        if (origin == kFromLattice) {
-            n.cand = src.cand[i];
-            n.lattice_logp = src.raw_logp[i];
-        } else {
-            n.context_logp = src.raw_logp[i];
-        }
+        if (src.cand[i] >= 0) n.cand = src.cand[i];  // the lattice's candidate index
+        n.source_logp[static_cast<size_t>(source)] = src.raw_logp[i];
         at[i] = it->second;
     }
 }
 
 }  // namespace
 
-MergedTree merge_draft_trees(const ScoredNodes & lattice, const ScoredNodes & context, int budget,
-                             int max_leaves) {
+MergedTree merge_draft_trees(const std::vector<const ScoredNodes *> & sources, int budget, int max_leaves) {
     if (budget < 0 || max_leaves < 0) {
         throw Error("merge_draft_trees: the budget and the leaves must be >= 0, got " + std::to_string(budget) +
                     " and " + std::to_string(max_leaves));
     }
+    const int n_sources = static_cast<int>(sources.size());
+    if (n_sources > kMaxSources) throw Error("merge_draft_trees: at most 8 sources");
     std::vector<UnionNode> nodes;
     std::map<std::pair<int32_t, llama_token>, int32_t> index;
-    add_source(lattice, kFromLattice, nodes, index);
-    add_source(context, kFromContext, nodes, index);
+    for (int k = 0; k < n_sources; ++k) {
+        if (sources[static_cast<size_t>(k)] != nullptr) add_source(*sources[static_cast<size_t>(k)], k, n_sources, nodes, index);
+    }
     for (UnionNode & n : nodes) {  // parents come first: their caps are final
         n.p = std::min(1.0, n.p);
         if (n.parent >= 0) n.p = std::min(n.p, nodes[static_cast<size_t>(n.parent)].p);
@@ -84,6 +82,7 @@ MergedTree merge_draft_trees(const ScoredNodes & lattice, const ScoredNodes & co
         return nodes[static_cast<size_t>(a)].p > nodes[static_cast<size_t>(b)].p;
     });
     MergedTree out;
+    out.source_logp.resize(static_cast<size_t>(n_sources));
     std::vector<int32_t> out_index(nodes.size(), -1);
     std::vector<int32_t> n_children(nodes.size(), 0);
     int leaves = 0;
@@ -103,20 +102,11 @@ MergedTree merge_draft_trees(const ScoredNodes & lattice, const ScoredNodes & co
         out.tree.cand.push_back(n.cand);
         out.tree.logp.push_back(n.p > 0.0 ? std::log(n.p) : NO_ESTIMATE);
         out.origin.push_back(n.origin);
-        out.lattice_logp.push_back(n.lattice_logp);
-        out.context_logp.push_back(n.context_logp);
+        for (int k = 0; k < n_sources; ++k) {
+            out.source_logp[static_cast<size_t>(k)].push_back(n.source_logp[static_cast<size_t>(k)]);
+        }
     }
     return out;
-}
-
-void truncate_merged(MergedTree & m, int n) {
-    if (n >= m.tree.size()) return;
-    const auto k = static_cast<size_t>(std::max(0, n));
-    for (auto * v : {&m.tree.parent, &m.tree.depth, &m.tree.token, &m.tree.cand}) v->resize(k);
-    m.tree.logp.resize(k);
-    m.origin.resize(k);
-    m.lattice_logp.resize(k);
-    m.context_logp.resize(k);
 }
 
 }  // namespace pdf2

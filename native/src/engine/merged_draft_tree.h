@@ -1,12 +1,14 @@
-// One verified tree from several draft sources (issue 35): the DFlash2 lattice's best-first tree
-// and the context's continuations (context_draft_source.h), each node with its source's
-// acceptance estimate (the lattice's calibrated, the context's learned per match length). Shared prefixes merge into one node (a node both sources
-// propose keeps the larger estimate); the tree is then expanded best first over the union, so
-// each source wins on the tokens it knows. Every estimate is capped by its parent's (a node is
+// One verified tree from several draft sources (issue 35): the DFlash2 lattice's best-first tree,
+// the context's continuations (context_draft_source.h) and any other source's candidates, each
+// node with its source's acceptance estimate (the lattice's calibrated, the context's learned per
+// match length). Shared prefixes merge into one node (a node several sources propose keeps the
+// largest estimate); the tree is then expanded best first over the union, so each source wins on
+// the tokens it knows. Every estimate is capped by its parent's (a node is
 // accepted only when its parent is), which keeps a best-first prefix of the union a tree.
 #pragma once
 
 #include "drafter/draft_tree.h"
+#include "engine/cost_model.h"
 
 #include <llama.h>
 
@@ -17,8 +19,10 @@
 
 namespace pdf2 {
 
-// Which source drafted a node (bits: a node both propose has both).
+// Which sources drafted a node: bit i for source index i (draft_sources.h numbers them: the
+// lattice 0, the context 1); a node several propose has several bits.
 enum DraftOrigin : uint8_t { kFromLattice = 1, kFromContext = 2 };
+inline constexpr int kMaxSources = 8;
 
 // One source's candidates: nodes parent before child, tokens distinct among siblings.
 struct ScoredNodes {
@@ -34,16 +38,20 @@ struct ScoredNodes {
 struct MergedTree {
     DraftTree tree;                   // logp = log of the merged (calibrated, capped) estimate
     std::vector<uint8_t> origin;      // per node: DraftOrigin bits
-    std::vector<double> lattice_logp; // per node: the lattice's raw log-estimate (-inf: not the lattice's)
-    std::vector<double> context_logp; // ... the context's
+    // per source index, per node: the source's raw log-estimate (-inf: not the source's)
+    std::vector<std::vector<double>> source_logp;
 };
 
 // The best `budget` nodes of the union of lattice and context, expanded best first (ties: the
 // node added to the union first: the lattice's before the context's, each in its source's
 // order), with at most max_leaves leaves (each leaf takes a sequence of the target context): a
 // node that would add a leaf beyond them is left out, and so is everything below it.
-MergedTree merge_draft_trees(const ScoredNodes & lattice, const ScoredNodes & context, int budget,
-                             int max_leaves);
+// sources[i] (null: none this step) are the nodes of source index i.
+MergedTree merge_draft_trees(const std::vector<const ScoredNodes *> & sources, int budget, int max_leaves);
+inline MergedTree merge_draft_trees(const ScoredNodes & lattice, const ScoredNodes & context, int budget,
+                                    int max_leaves) {
+    return merge_draft_trees({&lattice, &context}, budget, max_leaves);
+}
 
 // A DraftTree's nodes as a source's candidates, each estimate calibrated by `calibrated(logp)`.
 template <class Calibrate> ScoredNodes scored_nodes(const DraftTree & t, Calibrate calibrated) {
@@ -62,22 +70,10 @@ template <class Calibrate> ScoredNodes scored_nodes(const DraftTree & t, Calibra
 // The number of the merged tree's first nodes that maximises expected committed tokens per
 // second, (1 + sum of their estimates) / seconds(b) for b = 0..tree.size() (nodes come best
 // first, so the first b are the best tree of b nodes; 0: verify none).
-template <class Seconds> int best_prefix(const MergedTree & m, Seconds seconds) {
-    int best = 0;
-    double expected = 1.0;
-    double best_rate = expected / std::max(seconds(0), 1e-9);  // b = 0: a plain step
-    for (int b = 1; b <= m.tree.size(); ++b) {
-        expected += std::exp(m.tree.logp[static_cast<size_t>(b - 1)]);
-        const double rate = expected / std::max(seconds(b), 1e-9);
-        if (rate > best_rate) {
-            best_rate = rate;
-            best = b;
-        }
-    }
-    return best;
+template <class Seconds> int best_prefix(const DraftTree & t, Seconds seconds) {
+    std::vector<double> committed(1, 1.0);  // b = 0: a plain step
+    for (const double logp : t.logp) committed.push_back(committed.back() + std::exp(logp));
+    return best_rate(0, t.size(), [&](int b) { return Price{committed[static_cast<size_t>(b)], seconds(b)}; }).index;
 }
-
-// Keeps the first n nodes (a best-first prefix: still a tree).
-void truncate_merged(MergedTree & m, int n);
 
 }  // namespace pdf2

@@ -23,20 +23,11 @@ int BatchEngine::slot_draft_length(Slot & s) const {
 // linear model (StepCosts::step_seconds).
 int BatchEngine::batch_draft_length(const std::vector<size_t> & decoding) const {
     const int n_decoding = static_cast<int>(decoding.size());
-    int best = 0;
-    double best_rate = -1.0;
-    for (int n = 0; n <= max_draft_; ++n) {
+    return best_rate(0, max_draft_, [&](int n) {
         double tokens = 0.0;
-        for (const size_t i : decoding) {
-            tokens += slots_[i].drafting.policy.expected_tokens(n);
-        }
-        const double rate = tokens / std::max(costs_.step_seconds(n_decoding, n + 1, n), 1e-9);
-        if (rate > best_rate) {
-            best = n;
-            best_rate = rate;
-        }
-    }
-    return best;
+        for (const size_t i : decoding) tokens += slots_[i].drafting.policy.expected_tokens(n);
+        return Price{tokens, costs_.step_seconds(n_decoding, n + 1, n)};
+    }).index;
 }
 
 int BatchEngine::auto_tree_budget(const std::vector<size_t> & decoding, int n_chain, bool chain_probe) {
@@ -46,11 +37,14 @@ int BatchEngine::auto_tree_budget(const std::vector<size_t> & decoding, int n_ch
     const int n_decoding = static_cast<int>(decoding.size());
     double chain_tokens = 0.0;
     for (const size_t i : decoding) chain_tokens += slots_[i].drafting.policy.expected_tokens(n_chain);
-    const double chain_rate = chain_tokens / std::max(costs_.step_seconds(n_decoding, n_chain + 1, n_chain), 1e-9);
+    const Price chain{chain_tokens, costs_.step_seconds(n_decoding, n_chain + 1, n_chain)};
     // per slot: (1 + expected accepted) over its share of the step
-    const auto [best_budget, tree_rate] = tree_policy_.best(
+    const Choice tree = tree_policy_.best(
         [&](int nodes) { return costs_.step_seconds(n_decoding, nodes + 1, max_draft_) / n_decoding; });
-    const bool chosen = tree_policy_.has_trees() && best_budget > 0 && tree_rate > chain_rate;
+    const int best_budget = tree.index;
+    // the chain first: a tie keeps it
+    const bool chosen = tree_policy_.has_trees() && best_budget > 0 &&
+                        best_rate(0, 1, [&](int i) { return i == 0 ? chain : tree.price; }).index == 1;
     // a chosen tree restarts the probe schedule; no tree probe while the chain probes (one at a time)
     const bool probe = (chosen || !chain_probe) && tree_policy_.schedule(chosen);
     const int budget = chosen ? best_budget
@@ -119,8 +113,7 @@ void BatchEngine::plan_context(StepPlan & plan) {
     for (const size_t i : plan.decoding) {
         Slot & s = slots_[i];
         SlotPlan & p = plan.slots[i];
-        ContextDraftSource * context = s.drafting.context.get();
-        if (context == nullptr || !context->active()) continue;
+        if (!s.drafting.sources.has_candidates()) continue;
         const int room = opts_.n_ctx_slot - s.seq.pos - 1;
         int depth = std::min(kContextMaxDepth, room);
         if (s.request.max_tokens > 0) {
@@ -130,7 +123,7 @@ void BatchEngine::plan_context(StepPlan & plan) {
         if (borrowed_) nodes = std::min(nodes, room);  // a borrowed context holds no cells beyond its size
         if (opts_.tree_budget > 0 && !opts_.tree_auto) nodes = std::min(nodes, opts_.tree_budget);  // a fixed budget
         if (depth <= 0 || nodes <= 0) continue;
-        const std::vector<double> e = context->expected_accepted(depth, nodes);
+        const std::vector<double> e = s.drafting.sources.merged().expected_accepted(depth, nodes, kContextBranches);
         if (e.size() <= 1) continue;  // no match: the drafter's plan
         p.context_depth = depth;
         p.context_nodes = nodes;
@@ -150,29 +143,24 @@ void BatchEngine::plan_context(StepPlan & plan) {
             p.source = e.back() >= lattice_expected ? Source::Context : Source::Merged;
             continue;
         }
-        double context_rate = 0.0, context_expected = 0.0;
-        int context_rows = 1;
-        for (size_t b = 0; b < e.size(); ++b) {
-            const double rate = (1.0 + e[b]) / std::max(costs_.step_seconds(1, static_cast<int>(b) + 1, 0), 1e-9);
-            if (rate > context_rate) {
-                context_rate = rate;
-                context_expected = e[b];
-                context_rows = static_cast<int>(b) + 1;
-            }
-        }
+        const auto context_price = [&](int b) { return Price{1.0 + e[static_cast<size_t>(b)], costs_.step_seconds(1, b + 1, 0)}; };
+        const int context_rows = best_rate(0, static_cast<int>(e.size()) - 1, context_price).index + 1;
+        const double context_expected = e[static_cast<size_t>(context_rows - 1)];
         const int lattice_rows = 1 + (p.tree_budget > 0 ? p.tree_budget : p.n_drafts);
-        const double merged_rate = (1.0 + std::max(context_expected, lattice_expected)) /
-                                   std::max(costs_.step_seconds(1, std::max(context_rows, lattice_rows), p.n_drafts), 1e-9);
-        p.source = context_rate >= merged_rate ? Source::Context : Source::Merged;
+        const Price merged{1.0 + std::max(context_expected, lattice_expected),
+                           costs_.step_seconds(1, std::max(context_rows, lattice_rows), p.n_drafts)};
+        // the context alone first: a tie keeps it (no propose)
+        const bool alone = best_rate(0, 1, [&](int i) { return i == 0 ? context_price(context_rows - 1) : merged; }).index == 0;
+        p.source = alone ? Source::Context : Source::Merged;
     }
 }
 
 // The number of a context or merged tree's best nodes to verify: the cost model's best prefix, a
 // fixed budget's size, or (no measured costs) all.
-int BatchEngine::context_prefix(const MergedTree & m) const {
-    if (opts_.tree_budget > 0 && !opts_.tree_auto) return std::min(m.tree.size(), opts_.tree_budget);
-    if (!costs_.has_row_cost()) return m.tree.size();
-    return best_prefix(m, [&](int b) { return costs_.step_seconds(1, b + 1, 0); });
+int BatchEngine::context_prefix(const DraftBlock & b) const {
+    if (opts_.tree_budget > 0 && !opts_.tree_auto) return std::min(b.tree.size(), opts_.tree_budget);
+    if (!costs_.has_row_cost()) return b.tree.size();
+    return best_prefix(b.tree, [&](int n) { return costs_.step_seconds(1, n + 1, 0); });
 }
 
 // The caps of one slot: the verify rows [anchor, d1..dn] must fit its context, the request's
@@ -224,35 +212,14 @@ DraftRequest BatchEngine::draft_request(Slot & s, int n, int tree_budget) const 
 void BatchEngine::draft(Slot & s, const SlotPlan & p) {
     DraftBlock & block = s.rows.block;
     block.clear();
-    if (p.source == Source::Merged) {
+    if (p.source == Source::Merged || p.source == Source::Context) {
         draft_merged(s, p);
-        return;
-    }
-    if (p.source == Source::Context) {
-        s.drafting.context->draft(draft_request(s, p.context_depth, p.context_nodes), block);
-        MergedTree m;  // the best prefix of the context's tree
-        m.tree = block.tree;
-        m.origin = block.origin;
-        m.lattice_logp = block.lattice_logp;
-        m.context_logp = block.context_logp;
-        truncate_merged(m, context_prefix(m));
-        const double seconds = block.seconds;
-        block.set_merged(std::move(m));
-        block.seconds = block.select_s = seconds;
-        stats_.select_s += seconds;
-        stats_.draft_s += seconds;
-        if (!block.tokens.empty()) {
-            s.request.stats.n_context_steps += 1;
-            s.request.stats.n_propose_skipped += s.drafting.drafter != nullptr ? 1 : 0;
-            stats_.n_context_steps += 1;
-            stats_.n_propose_skipped += s.drafting.drafter != nullptr ? 1 : 0;
-        }
         return;
     }
     if (p.n_drafts <= 0) {
         return;
     }
-    s.drafting.source->draft(draft_request(s, p.n_drafts, p.tree_budget), block);
+    s.drafting.sources.lattice()->draft(draft_request(s, p.n_drafts, p.tree_budget), block);
     stats_.graph_setup_s += block.graph_setup_s;
     stats_.n_graph_builds += block.n_graph_builds;
     stats_.propose_s += block.propose_s;
@@ -260,57 +227,35 @@ void BatchEngine::draft(Slot & s, const SlotPlan & p) {
     stats_.draft_s += block.seconds;
 }
 
-}  // namespace pdf2
-
-namespace pdf2 {
-
-// The drafter's block (the lattice's tree at the context's node budget, or a DFlash1 chain) and
-// the context's candidates, merged into one tree (merged_draft_tree.h), of which the cost model
-// keeps the best prefix.
+// A merged tree (merged_draft_source.h): the candidate sources' offers alone (Source::Context: no
+// propose), or with the drafter's block (the lattice's tree at the context's node budget, or a
+// DFlash1 chain); the cost model keeps its best prefix.
 void BatchEngine::draft_merged(Slot & s, const SlotPlan & p) {
     DraftBlock & block = s.rows.block;
-    s.drafting.source->draft(draft_request(s, std::max(1, std::min(max_draft_, p.context_depth)), p.context_nodes),
-                             block);
+    const bool lattice = p.source == Source::Merged;
+    DraftRequest req = draft_request(s, lattice ? std::max(1, std::min(max_draft_, p.context_depth)) : 0,
+                                     p.context_nodes);
+    req.depth = p.context_depth;
+    req.max_leaves = lattice ? tree_branches_ : kContextBranches;
+    const std::vector<double> chain_acceptance = lattice ? s.drafting.policy.acceptance() : std::vector<double>{};
+    req.chain_acceptance = &chain_acceptance;
+    s.drafting.sources.merged().draft(req, block);
+    const auto t0 = std::chrono::steady_clock::now();
+    truncate_block(block, context_prefix(block));
+    const double cut_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    block.select_s += cut_s;
+    block.seconds += cut_s;
     stats_.graph_setup_s += block.graph_setup_s;
     stats_.n_graph_builds += block.n_graph_builds;
     stats_.propose_s += block.propose_s;
-    const auto t0 = std::chrono::steady_clock::now();
-    ScoredNodes lattice;
-    if (block.is_tree) {
-        const PathCalibration & cal = lattice_calibration_;
-        lattice = scored_nodes(block.tree, [&](double logp) { return cal.calibrated(logp); });
-    } else {
-        // a chain (DFlash1): each draft at the chain's running acceptance estimate
-        const std::vector<double> & a = s.drafting.policy.acceptance();
-        double logp = 0.0;
-        for (size_t j = 0; j < block.tokens.size(); ++j) {
-            logp += std::log(std::max(1e-9, j < a.size() ? a[j] : 0.5));
-            lattice.parent.push_back(static_cast<int32_t>(j) - 1);
-            lattice.token.push_back(block.tokens[j]);
-            lattice.cand.push_back(-1);
-            lattice.raw_logp.push_back(logp);
-            lattice.p.push_back(std::exp(logp));
-        }
-    }
-    MergedTree m = merge_draft_trees(lattice, s.drafting.context->candidates(p.context_depth), p.context_nodes,
-                                     tree_branches_);
-    truncate_merged(m, context_prefix(m));
-    const double propose_s = block.propose_s, graph_setup_s = block.graph_setup_s;
-    const int64_t n_graph_builds = block.n_graph_builds;
-    const double select_s = block.select_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double seconds = block.seconds + (select_s - block.select_s);
-    block.clear();
-    block.set_merged(std::move(m));
-    block.propose_s = propose_s;
-    block.graph_setup_s = graph_setup_s;
-    block.n_graph_builds = n_graph_builds;
-    block.select_s = select_s;
-    block.seconds = seconds;
-    stats_.select_s += select_s;
-    stats_.draft_s += seconds;
+    stats_.select_s += block.select_s;
+    stats_.draft_s += block.seconds;
     if (!block.tokens.empty()) {
+        const int skipped = !lattice && s.drafting.drafter != nullptr ? 1 : 0;
         s.request.stats.n_context_steps += 1;
+        s.request.stats.n_propose_skipped += skipped;
         stats_.n_context_steps += 1;
+        stats_.n_propose_skipped += skipped;
     }
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "drafter/draft_tree.h"
+#include "engine/cost_model.h"
 #include "engine/path_calibration.h"
 
 #include <algorithm>
@@ -33,13 +34,9 @@ class TreeBudgetPolicy {
     double expected_accepted(int b) const;
     // The budget b in 1..max_budget with the best committed tokens per second,
     // (1 + expected_accepted(b)) / seconds(b); seconds(b) prices a step verifying b nodes.
-    template <class Seconds> std::pair<int, double> best(Seconds seconds) const {
-        std::pair<int, double> out{0, 0.0};
-        for (int b = 1; b <= max_budget_; ++b) {
-            const double rate = (1.0 + expected_accepted(b)) / std::max(seconds(b), 1e-9);
-            if (rate > out.second) out = {b, rate};
-        }
-        return out;
+    template <class Seconds> Choice best(Seconds seconds) const {
+        const Choice c = best_rate(1, max_budget_, [&](int b) { return Price{1.0 + expected_accepted(b), seconds(b)}; });
+        return c.index < 0 ? Choice{0, 0.0, Price{}} : c;
     }
 
     // The probe schedule: call once per step that drafts or decodes plainly; true = this step
