@@ -13,6 +13,7 @@ ABI's sentinels (EngineConfig.abi). exact_config holds exact mode's checks and c
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -208,6 +209,7 @@ class NativeEngine:
         self._tokens = np.zeros(n_slots * (self.step_width + 1), dtype=np.int32)
         self._counts_c = ffi.from_buffer("int32_t[]", self._counts)
         self._tokens_c = ffi.from_buffer("int32_t[]", self._tokens)
+        self.step_wall_s = 0.0  # wall time in pdf2_batch_engine_step since creation
 
     @classmethod
     def owned(cls, model: Any, config: EngineConfig, *, n_slots: int, n_ctx_slot: int, n_threads: int,
@@ -281,8 +283,10 @@ class NativeEngine:
     def step(self) -> list[list[int] | None]:
         """One target decode for all busy slots: per slot the committed tokens
         ([] = nothing this step, e.g. idle or mid-prefill; None = context full)."""
-        check(lib.pdf2_batch_engine_step(self._h, self._counts_c, self.n_slots, self._tokens_c,
-                                         len(self._tokens)), "step")
+        t0 = time.perf_counter()
+        rc = lib.pdf2_batch_engine_step(self._h, self._counts_c, self.n_slots, self._tokens_c, len(self._tokens))
+        self.step_wall_s += time.perf_counter() - t0  # what the ledger's parts add up to, seen from here
+        check(rc, "step")
         width = self.step_width + 1
         return [None if c < 0 else self._tokens[s * width: s * width + c].tolist()
                 for s, c in enumerate(self._counts.tolist())]

@@ -166,7 +166,9 @@ def _print_table(results: list[dict[str, Any]]) -> None:
     print_phases(results, _label)
 
 
-PHASE_COLUMNS = ("inject", "propose", "select", "graph_setup", "verify_decode", "verify_logic", "step_other", "python")
+# the step ledger's parts (native step_ledger.h) and the Python side
+PHASE_COLUMNS = ("plan", "offers", "propose", "graph_setup", "select", "build", "decode", "sync", "head", "verify",
+                 "kv", "features", "inject", "sources", "prefill", "other", "python")
 
 
 def print_phases(rows: list[dict[str, Any]], label: Any) -> None:

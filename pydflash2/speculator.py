@@ -372,6 +372,7 @@ class Speculator:
             seed = random_seed()
         t_start = time.perf_counter()
         engine0 = self.engine_stats()
+        engine0["step_wall_s"] = self._native.step_wall_s
         self.context_full = False
         sampling = SamplingRequest(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, max_tokens=max_tokens,
@@ -447,21 +448,25 @@ class Speculator:
         def spent(key: str) -> float:  # the engine's seconds during this request
             return float(e[key] - engine0[key])
 
-        # per-phase breakdown: the native phases plus the Python side; they sum to at most total_s
-        phases = {k: spent(k) for k in ("inject_s", "propose_s", "select_s", "verify_decode_s", "verify_logic_s",
-                                        "graph_setup_s")}
-        phases["prefill_s"] = spent("prefill_decode_s")
-        phases["step_other_s"] = max(0.0, spent("step_s") - sum(phases.values()))
+        # the step ledger's parts during this request (native step_ledger.h: they add up to the engine's
+        # steps), plus the Python side: together at most total_s
+        ledger, ledger0 = e["ledger"], engine0["ledger"]
+        phases: dict[str, Any] = {k: float(v - ledger0[k]) for k, v in ledger.items() if k.endswith("_s")}
         phases["python_s"] = python_s
         phases["n_steps"] = s["n_steps"]
+        phases["rows"] = int(ledger["rows"] - ledger0["rows"])
+
         hist = s["n_max_histogram"]
         decode_s = max(elapsed - ttft, 1e-9)
         s.update(
             phases=phases,
             prefill_s=phases["prefill_s"],
             draft_s=spent("draft_s"),
-            verify_s=phases["verify_decode_s"] + phases["verify_logic_s"],
-            inject_s=phases["inject_s"],
+            verify_decode_s=spent("verify_decode_s"),
+            # the engine's steps timed from outside (the native calls): what the ledger's parts add up to
+            engine_step_s=self._native.step_wall_s - engine0["step_wall_s"],
+            verify_s=spent("verify_decode_s") + spent("verify_logic_s"),
+            inject_s=spent("inject_s"),
             lazy_head=bool(e["lazy_head"]),
             lazy_head_rows=int(e["lazy_head_rows"] - engine0["lazy_head_rows"]),
             drafter_graph_builds=int(e["drafter_graph_builds"] - engine0["drafter_graph_builds"]),

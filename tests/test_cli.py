@@ -74,7 +74,7 @@ def test_generate_json_matches_plain_greedy(tmp_path, target_gguf, drafter2_gguf
             "accepted_per_position"} <= set(out["stats"])
     assert out["finish_reason"] == "length" and len(out["tokens"]) == 16
     phases = out["stats"]["phases"]
-    assert {"n_steps", "inject_s", "propose_s", "select_s", "verify_decode_s", "verify_logic_s",
+    assert {"n_steps", "plan_s", "propose_s", "select_s", "decode_s", "verify_s", "features_s", "inject_s",
             "python_s"} <= set(phases)
     assert sum(v for k, v in phases.items() if k.endswith("_s")) <= out["stats"]["total_s"]
     from lossless import check_greedy, plain_greedy

@@ -9,14 +9,6 @@
 
 namespace pdf2 {
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-}  // namespace
-
 void BatchEngine::add_row(llama_token token, int32_t pos, int seq, bool logits) {
     const int32_t i = batch_.n_tokens;
     batch_.token[i] = token;
@@ -60,10 +52,13 @@ void BatchEngine::add_tree_rows(int idx, Slot & s) {
             if (s.rows.node_branch[static_cast<size_t>(v)] < 0) s.rows.node_branch[static_cast<size_t>(v)] = b;
         }
     }
-    llama_memory_t mem = llama_get_memory(ctx_.ctx);
-    for (const int32_t b : s.rows.branches) {
-        llama_memory_seq_rm(mem, b, -1, -1);  // nothing should be left; a failed step may have left rows
-        llama_memory_seq_cp(mem, idx, b, -1, -1);
+    {
+        const StepLedger::Scope kv(stats_.ledger, Part::Kv);
+        llama_memory_t mem = llama_get_memory(ctx_.ctx);
+        for (const int32_t b : s.rows.branches) {
+            llama_memory_seq_rm(mem, b, -1, -1);  // nothing should be left; a failed step may have left rows
+            llama_memory_seq_cp(mem, idx, b, -1, -1);
+        }
     }
     std::vector<int32_t> all = s.rows.branches;  // pending rows: committed, so in the slot and every branch
     all.push_back(idx);
@@ -114,6 +109,7 @@ void BatchEngine::flush_pending(int idx, Slot & s) {
 }
 
 void BatchEngine::remove_branches(Slot & s) {
+    const StepLedger::Scope kv(stats_.ledger, Part::Kv);
     llama_memory_t mem = llama_get_memory(ctx_.ctx);
     for (const int32_t b : s.rows.branches) {
         llama_memory_seq_rm(mem, b, -1, -1);
@@ -137,6 +133,7 @@ void BatchEngine::add_filler_rows(int seq, int n) {
 }
 
 void BatchEngine::remove_filler_rows() {
+    const StepLedger::Scope kv(stats_.ledger, Part::Kv);
     llama_memory_t mem = llama_get_memory(ctx_.ctx);
     for (const auto & [seq, p0] : fillers_) {
         llama_memory_seq_rm(mem, seq, p0, -1);
@@ -164,14 +161,19 @@ void BatchEngine::decode_batch(bool prefill, bool lazy_head) {
     if (swap_threads) {
         llama_set_n_threads(ctx_.ctx, nt, nt);
     }
-    const auto t0 = Clock::now();
-    const int32_t rc = llama_decode(ctx_.ctx, batch_);
-    const double dt = seconds_since(t0);
+    int32_t rc = 0;
+    {
+        const StepLedger::Scope decode(stats_.ledger, prefill ? Part::Prefill : Part::Decode);
+        rc = llama_decode(ctx_.ctx, batch_);
+    }
+    if (rc == 0) {
+        // a GPU's decode returns once launched: the wait for the device is its own part
+        const StepLedger::Scope sync(stats_.ledger, prefill ? Part::Prefill : Part::Sync);
+        llama_synchronize(ctx_.ctx);
+    }
     if (swap_threads) {
         llama_set_n_threads(ctx_.ctx, nt, ntb);
     }
-    stats_.decode_s += dt;
-    (prefill ? stats_.prefill_decode_s : stats_.verify_decode_s) += dt;
     if (capturing) {
         feature_capture_->disarm();
     }
@@ -189,6 +191,7 @@ void BatchEngine::decode_batch(bool prefill, bool lazy_head) {
 
 const float * BatchEngine::row_logits(int32_t row) {
     if (target_.last_decode_lazy()) {
+        const StepLedger::Scope head(stats_.ledger, Part::Head);
         return target_.lazy_logits(row);  // the head runs now, for this row only
     }
     const float * r = llama_get_logits_ith(ctx_.ctx, row);
@@ -204,6 +207,7 @@ const float * BatchEngine::row_logits(int32_t row) {
 // ms a step of 8 slots at 2 threads). Such a slot gets n_rows filler rows after what its
 // sequence holds instead; they are cut off again right after the decode.
 int32_t BatchEngine::add_group_rows(int n_rows, const std::vector<int> & members) {
+    const StepLedger::Scope build(stats_.ledger, Part::Build);
     batch_.n_tokens = 0;
     const bool fill = fill_gaps_ && n_rows * (members.back() - members.front() + 1) <= batch_cap_;
     size_t next = 0;
@@ -261,11 +265,14 @@ int BatchEngine::prefill_chunks(std::vector<int32_t> & counts, std::vector<llama
         }
         const int32_t left = static_cast<int32_t>(s.request.prompt.size()) - s.seq.n_prefilled;
         const int32_t chunk = std::min(left, rows_left);
-        batch_.n_tokens = 0;
-        s.rows.row0 = 0;
-        for (int32_t j = 0; j < chunk; ++j) {
-            const int32_t p = s.seq.n_prefilled + j;
-            add_row(s.request.prompt[static_cast<size_t>(p)], p, i, j == left - 1 || target_.outputs_all_rows());
+        {
+            const StepLedger::Scope build(stats_.ledger, Part::Build);
+            batch_.n_tokens = 0;
+            s.rows.row0 = 0;
+            for (int32_t j = 0; j < chunk; ++j) {
+                const int32_t p = s.seq.n_prefilled + j;
+                add_row(s.request.prompt[static_cast<size_t>(p)], p, i, j == left - 1 || target_.outputs_all_rows());
+            }
         }
         s.rows.n_rows = chunk;
         decode_batch(true);

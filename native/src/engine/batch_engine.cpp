@@ -13,13 +13,9 @@ namespace pdf2 {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 constexpr int MAX_SLOTS = 64;
 constexpr uint32_t BATCH_ROWS = 512;
 constexpr int MAX_TREE_BUDGET = 255;
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // capture: installed as the graph evaluation callback (targets without layer-input taps), or null
 llama_context * make_context(llama_model * model, const BatchEngineOptions & o, CallbackCapture * capture) {
@@ -366,46 +362,42 @@ void BatchEngine::queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0) {
     if (!feed_drafters_ || n <= 0) {
         return;
     }
-    const auto t0 = Clock::now();
+    const StepLedger::Scope features(stats_.ledger, Part::Features);
     target_.features(row0, n, feat_);
     s.drafting.feed.features.insert(s.drafting.feed.features.end(), feat_.begin(), feat_.end());
     for (int32_t i = 0; i < n; ++i) {
         s.drafting.feed.positions.push_back(pos0 + i);
     }
-    stats_.inject_s += seconds_since(t0);
 }
 
 void BatchEngine::flush_rows(Slot & s) {
     if (s.drafting.feed.positions.empty()) {
         return;
     }
-    const auto t0 = Clock::now();
+    const StepLedger::Scope inject(stats_.ledger, Part::Inject);
     const double setup0 = s.drafting.drafter->graph_setup_seconds();
     const uint64_t builds0 = s.drafting.drafter->n_graph_builds();
     s.drafting.drafter->inject(s.drafting.feed.features.data(), static_cast<size_t>(target_.feature_width()),
                       s.drafting.feed.positions.data(), static_cast<int>(s.drafting.feed.positions.size()));
     s.drafting.feed.features.clear();
     s.drafting.feed.positions.clear();
-    const double setup = s.drafting.drafter->graph_setup_seconds() - setup0;
-    stats_.graph_setup_s += setup;
+    stats_.ledger.add(Part::GraphSetup, s.drafting.drafter->graph_setup_seconds() - setup0);
     stats_.n_graph_builds += static_cast<int64_t>(s.drafting.drafter->n_graph_builds() - builds0);
-    stats_.inject_s += seconds_since(t0) - setup;
 }
 
 // A step: plan, draft, then per group of equal rows build the batch, decode, verify and commit;
 // then prompt chunks.
 int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
-    struct AddStepTime {  // also when the step throws
-        double & total;
-        Clock::time_point t0;
-        ~AddStepTime() { total += seconds_since(t0); }
-    } add_step_time{stats_.step_s, Clock::now()};
+    const StepLedger::Scope other(stats_.ledger, Part::Other);  // what the parts inside do not name
     counts.assign(slots_.size(), 0);
     tokens.assign(slots_.size() * (static_cast<size_t>(step_width_) + 1), -1);
     for (Slot & s : slots_) {
         s.request.n_logprobs = 0;
     }
-    const StepPlan plan = plan_step(counts);
+    const StepPlan plan = [&] {
+        const StepLedger::Scope planning(stats_.ledger, Part::Plan);
+        return plan_step(counts);
+    }();
     const Groups groups = draft_blocks(plan);
     int rows = 0;
     for (const auto & [n_rows, members] : groups) {
@@ -423,15 +415,8 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
         }
     }
     rows += prefill_chunks(counts, tokens);
+    if (rows > 0) stats_.ledger.end_step(rows);
     return rows;
-}
-
-void BatchEngine::add_verify_time(double seconds, double head_s0) {
-    // the lazy head is the target's forward finished row by row: it counts as verify decode
-    const double head_s = target_.lazy_head_seconds() - head_s0;
-    stats_.verify_decode_s += head_s;
-    stats_.decode_s += head_s;
-    stats_.verify_logic_s += seconds - head_s;
 }
 
 // The committed tokens of a verified step: out[0..k) the accepted drafts, out[k] the next anchor.
@@ -444,7 +429,10 @@ void BatchEngine::commit_tokens(int idx, Slot & s, const std::vector<llama_token
     llama_token * out = tokens.data() + static_cast<size_t>(idx) * (static_cast<size_t>(step_width_) + 1);
     std::copy(accepted.begin(), accepted.end(), out);
     out[k] = next;
-    s.drafting.sources.accept(Verified{out, static_cast<size_t>(k) + 1, &s.rows.block, node_accepted});
+    {
+        const StepLedger::Scope sources(stats_.ledger, Part::Sources);
+        s.drafting.sources.accept(Verified{out, static_cast<size_t>(k) + 1, &s.rows.block, node_accepted});
+    }
     counts[static_cast<size_t>(idx)] = k + 1;
     stats_.n_generated += k + 1;
     s.request.stats.n_generated += k + 1;
@@ -454,17 +442,18 @@ void BatchEngine::commit_tokens(int idx, Slot & s, const std::vector<llama_token
 }
 
 void BatchEngine::commit_chain(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
-    const auto t0 = Clock::now();
     const std::vector<llama_token> & drafts = s.rows.block.tokens;
     const int n = static_cast<int>(drafts.size());
-    const double head_s0 = target_.lazy_head_seconds();
     const LogitRows row = [this, &s](int j) { return row_logits(s.rows.row0 + j); };
-    const VerifyResult v = verify_chain(drafts, s.rows.block.q, row, *s.request.sampler);
+    const VerifyResult v = [&] {
+        const StepLedger::Scope verify(stats_.ledger, Part::Verify);
+        return verify_chain(drafts, s.rows.block.q, row, *s.request.sampler);
+    }();
     const int k = v.n_accepted;
     if (n > 0) {
+        const StepLedger::Scope kv(stats_.ledger, Part::Kv);
         llama_memory_seq_rm(llama_get_memory(ctx_.ctx), idx, s.seq.pos + k + 1, -1);  // rejected drafts
     }
-    add_verify_time(seconds_since(t0), head_s0);
     if (s.request.sampler->params().n_logprobs >= 0) {
         s.request.n_logprobs = 0;
         for (int j = 0; j <= k; ++j) {  // rows the verify read: the head ran for them already
@@ -485,8 +474,6 @@ void BatchEngine::commit_chain(int idx, Slot & s, std::vector<int32_t> & counts,
 // A verified tree (verify_tree): the accepted path's cells join the slot's sequence and the
 // branches are cut off.
 void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
-    const auto t0 = Clock::now();
-    const double head_s0 = target_.lazy_head_seconds();
     const DraftTree & t = s.rows.block.tree;
     const std::vector<int32_t> & node_row = s.rows.node_row;
     const int n = t.size();
@@ -495,9 +482,12 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
     const LogitRows logits_at = [&](int node) {
         return row_logits(s.rows.row0 + (node < 0 ? 0 : node_row[static_cast<size_t>(node)]));
     };
-    const VerifyResult v = verify_tree(t, logits_at, *s.request.sampler, [&](const float * logits, llama_token x) {
-        if (want_logprobs) record_logprob(s, logits, x);
-    });
+    const VerifyResult v = [&] {
+        const StepLedger::Scope verify(stats_.ledger, Part::Verify);
+        return verify_tree(t, logits_at, *s.request.sampler, [&](const float * logits, llama_token x) {
+            if (want_logprobs) record_logprob(s, logits, x);
+        });
+    }();
     const std::vector<int32_t> & path = v.path;
     const int k = v.n_accepted;
     // The path's first n_in_place nodes are the first-child chain, at the cells of their positions:
@@ -510,12 +500,14 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
     }
     // the branch through the last accepted node holds exactly the anchor and the path at positions pos..pos+k
     const int32_t branch = k > 0 ? s.rows.node_branch[static_cast<size_t>(path.back())] : s.rows.branches.front();
-    llama_memory_seq_cp(llama_get_memory(ctx_.ctx), branch, idx, s.seq.pos, s.seq.pos + n_in_place + 1);
+    {
+        const StepLedger::Scope kv(stats_.ledger, Part::Kv);
+        llama_memory_seq_cp(llama_get_memory(ctx_.ctx), branch, idx, s.seq.pos, s.seq.pos + n_in_place + 1);
+    }
     remove_branches(s);
     s.seq.pending.clear();
     for (int j = n_in_place; j < k; ++j) s.seq.pending.push_back(t.token[static_cast<size_t>(path[static_cast<size_t>(j)])]);
     s.seq.pending_pos0 = s.seq.pos + n_in_place + 1;
-    add_verify_time(seconds_since(t0), head_s0);
 
     queue_rows(s, s.rows.row0, 1, s.seq.pos);  // the anchor, then the accepted nodes' rows (not adjacent in the batch)
     std::vector<llama_token> accepted(static_cast<size_t>(k));
@@ -558,7 +550,10 @@ void BatchEngine::commit_prefill(int idx, Slot & s, std::vector<int32_t> & count
         return;
     }
     const float * logits = row_logits(s.rows.row0 + s.rows.n_rows - 1);
-    const llama_token first = first_token(logits, *s.request.sampler);
+    const llama_token first = [&] {
+        const StepLedger::Scope verify(stats_.ledger, Part::Verify);
+        return first_token(logits, *s.request.sampler);
+    }();
     if (s.request.sampler->params().n_logprobs >= 0) {
         s.request.n_logprobs = 0;
         record_logprob(s, logits, first);
@@ -567,6 +562,7 @@ void BatchEngine::commit_prefill(int idx, Slot & s, std::vector<int32_t> & count
     s.seq.pos = s.seq.n_prefilled;
     s.seq.anchor = first;
     tokens[static_cast<size_t>(idx) * (static_cast<size_t>(step_width_) + 1)] = first;
+    const StepLedger::Scope sources(stats_.ledger, Part::Sources);
     s.drafting.sources.accept(Verified{&first, 1, nullptr, nullptr});  // a prompt's first token: no block
     counts[static_cast<size_t>(idx)] = 1;
     stats_.n_generated += 1;

@@ -16,6 +16,7 @@
 #include "engine/cost_model.h"
 #include "engine/draft_length.h"
 #include "engine/draft_sources.h"
+#include "engine/step_ledger.h"
 #include "engine/path_calibration.h"
 #include "drafter/draft_tree.h"
 #include "drafter/drafter.h"
@@ -115,14 +116,7 @@ struct BatchStats {
     int64_t n_accepted = 0;      // ... of which accepted
     std::vector<int64_t> accepted_per_pos;  // accepted at block position (tree depth) 1..step width
     int64_t n_context_steps = 0, n_propose_skipped = 0;  // as SlotStats
-    double draft_s = 0, decode_s = 0, inject_s = 0;
-    // per-phase breakdown of step() (seconds): inject_s (feature copies + drafter
-    // inject graphs), propose_s (drafter propose graphs + read-back), select_s,
-    // verify_decode_s / prefill_decode_s (the target decodes: decode_s is their sum),
-    // verify_logic_s (logit rows, acceptance, rollback), graph_setup_s (drafter
-    // graph builds/allocations, taken out of inject/propose), step_s (all of step()).
-    double propose_s = 0, select_s = 0, verify_decode_s = 0, prefill_decode_s = 0, verify_logic_s = 0;
-    double graph_setup_s = 0, step_s = 0;
+    StepLedger ledger;  // where the steps' time went (step_ledger.h)
     int64_t n_graph_builds = 0;
 };
 
@@ -285,6 +279,7 @@ class BatchEngine {
     DraftRequest draft_request(Slot & s, int n, int tree_budget) const;
     void plan_context(StepPlan & plan);  // which slots draft from the context, alone or merged
     void draft_merged(Slot & s, const SlotPlan & p);
+    void record_draft_times(const DraftBlock & block);
     int context_prefix(const DraftBlock & b) const;  // the merged tree's best prefix
 
     // batch_builder.cpp
@@ -315,10 +310,10 @@ class BatchEngine {
     void commit_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     void record_drafted_step(Slot & s, int depth, int n_drafted, int k);
     void write_context_stats(JsonWriter & w) const;  // batch_engine_stats.cpp
+    void write_ledger(JsonWriter & w) const;
     void write_source_stats(JsonWriter & w, const Slot * slot) const;  // one slot's request, or all
     void init_context();  // batch_engine_context.cpp: the slots' context sources, the global cache
     void record_logprob(Slot & s, const float * logits, llama_token token);
-    void add_verify_time(double seconds, double head_s0);  // verify logic, and the lazy head as decode
     void queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0);
     int32_t reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt);
     void flush_rows(Slot & s);

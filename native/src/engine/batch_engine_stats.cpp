@@ -24,6 +24,33 @@ void BatchEngine::record_drafted_step(Slot & s, int depth, int n_drafted, int k)
     }
 }
 
+// The step ledger (step_ledger.h): every part's seconds, the steps and their rows; and the phases
+// the ledger's parts make (sums of parts: the same figures the engine reported before the ledger).
+void BatchEngine::write_ledger(JsonWriter & w) const {
+    const StepLedger & l = stats_.ledger;
+    const auto sec = [&](std::initializer_list<Part> parts) {
+        double t = 0.0;
+        for (const Part p : parts) t += l.seconds(p);
+        return t;
+    };
+    w.key("ledger").begin_object();
+    w.field("steps", l.steps());
+    w.field("rows", l.rows());
+    for (size_t i = 0; i < kParts; ++i) w.field(std::string(part_name(static_cast<Part>(i))) + "_s", l.seconds(static_cast<Part>(i)));
+    w.end_object();
+    const double verify_decode = sec({Part::Decode, Part::Sync, Part::Head});
+    w.field("draft_s", sec({Part::Offers, Part::Propose, Part::GraphSetup, Part::Select}));
+    w.field("decode_s", verify_decode + sec({Part::Prefill}));
+    w.field("inject_s", sec({Part::Features, Part::Inject}));
+    w.field("propose_s", sec({Part::Propose}));
+    w.field("select_s", sec({Part::Select}));
+    w.field("verify_decode_s", verify_decode);
+    w.field("prefill_decode_s", sec({Part::Prefill}));
+    w.field("verify_logic_s", sec({Part::Verify, Part::Kv}));
+    w.field("graph_setup_s", sec({Part::GraphSetup}));
+    w.field("step_s", l.total());
+}
+
 // Drafts by source, each source's own counters (a node two sources proposed counts for both):
 // one slot's request, or (slot null) the engine's since creation over all slots.
 void BatchEngine::write_source_stats(JsonWriter & w, const Slot * slot) const {
@@ -115,16 +142,7 @@ std::string BatchEngine::stats_json() const {
     w.field("n_drafts", stats_.n_drafts);
     w.field("n_draft_tokens", stats_.n_draft_tokens);
     w.field("n_accepted", stats_.n_accepted);
-    w.field("draft_s", stats_.draft_s);
-    w.field("decode_s", stats_.decode_s);
-    w.field("inject_s", stats_.inject_s);
-    w.field("propose_s", stats_.propose_s);
-    w.field("select_s", stats_.select_s);
-    w.field("verify_decode_s", stats_.verify_decode_s);
-    w.field("prefill_decode_s", stats_.prefill_decode_s);
-    w.field("verify_logic_s", stats_.verify_logic_s);
-    w.field("graph_setup_s", stats_.graph_setup_s);
-    w.field("step_s", stats_.step_s);
+    write_ledger(w);
     w.field("drafter_graph_builds", stats_.n_graph_builds);
     w.key("accepted_per_position").begin_array();
     for (const int64_t x : stats_.accepted_per_pos) w.value(x);

@@ -123,7 +123,10 @@ void BatchEngine::plan_context(StepPlan & plan) {
         if (borrowed_) nodes = std::min(nodes, room);  // a borrowed context holds no cells beyond its size
         if (opts_.tree_budget > 0 && !opts_.tree_auto) nodes = std::min(nodes, opts_.tree_budget);  // a fixed budget
         if (depth <= 0 || nodes <= 0) continue;
-        const std::vector<double> e = s.drafting.sources.merged().expected_accepted(depth, nodes, kContextBranches);
+        const std::vector<double> e = [&] {
+            const StepLedger::Scope offers(stats_.ledger, Part::Offers);
+            return s.drafting.sources.merged().expected_accepted(depth, nodes, kContextBranches);
+        }();
         if (e.size() <= 1) continue;  // no match: the drafter's plan
         p.context_depth = depth;
         p.context_nodes = nodes;
@@ -219,12 +222,16 @@ void BatchEngine::draft(Slot & s, const SlotPlan & p) {
     if (p.n_drafts <= 0) {
         return;
     }
+    const StepLedger::Scope select(stats_.ledger, Part::Select);  // the source's own timers split it
     s.drafting.sources.lattice()->draft(draft_request(s, p.n_drafts, p.tree_budget), block);
-    stats_.graph_setup_s += block.graph_setup_s;
+    record_draft_times(block);
+}
+
+// A drafted block's timers in the ledger (graph setup, propose); the rest of drafting is selection.
+void BatchEngine::record_draft_times(const DraftBlock & block) {
+    stats_.ledger.add(Part::GraphSetup, block.graph_setup_s);
+    stats_.ledger.add(Part::Propose, block.propose_s);
     stats_.n_graph_builds += block.n_graph_builds;
-    stats_.propose_s += block.propose_s;
-    stats_.select_s += block.select_s;
-    stats_.draft_s += block.seconds;
 }
 
 // A merged tree (merged_draft_source.h): the candidate sources' offers alone (Source::Context: no
@@ -239,17 +246,10 @@ void BatchEngine::draft_merged(Slot & s, const SlotPlan & p) {
     req.max_leaves = lattice ? tree_branches_ : kContextBranches;
     const std::vector<double> chain_acceptance = lattice ? s.drafting.policy.acceptance() : std::vector<double>{};
     req.chain_acceptance = &chain_acceptance;
+    const StepLedger::Scope select(stats_.ledger, Part::Select);  // the source's own timers split it
     s.drafting.sources.merged().draft(req, block);
-    const auto t0 = std::chrono::steady_clock::now();
     truncate_block(block, context_prefix(block));
-    const double cut_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    block.select_s += cut_s;
-    block.seconds += cut_s;
-    stats_.graph_setup_s += block.graph_setup_s;
-    stats_.n_graph_builds += block.n_graph_builds;
-    stats_.propose_s += block.propose_s;
-    stats_.select_s += block.select_s;
-    stats_.draft_s += block.seconds;
+    record_draft_times(block);
     if (!block.tokens.empty()) {
         const int skipped = !lattice && s.drafting.drafter != nullptr ? 1 : 0;
         s.request.stats.n_context_steps += 1;

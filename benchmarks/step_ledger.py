@@ -1,0 +1,109 @@
+"""The step ledger (native step_ledger.h): where each step's time goes, per configuration.
+
+Every part of the engine's step is timed as one named part, exclusive of the parts inside it, so the
+parts add up to the step; this prints them per step (ms) and per verified row (us) for plain
+decoding, the chain of 7, the lattice tree of 16, context drafts alone, the merged tree of 16 and
+auto (what `pydflash2 generate` runs), at each temperature, on the agentic and chat eval prompts,
+interleaved prompt by prompt, with the default pair unless --model/--draft say otherwise.
+
+Besides the parts: `host` is every part but the target's forward (decode, sync, head, prefill) and
+the drafter's graphs (propose, inject): what a GPU cannot hide behind its decode; `steps vs wall` is
+the ledger's total against the engine's steps timed from Python around the native call (the parts
+add up to the step when it is 1.00).
+
+    python benchmarks/step_ledger.py --threads 2 --max-tokens 64 --n-prompts 4 [--temperatures 0,1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+from hybrid_drafts import load_sets  # noqa: E402
+
+PARTS = ("plan", "offers", "propose", "graph_setup", "select", "build", "decode", "sync", "head", "verify", "kv",
+         "features", "inject", "sources", "prefill", "other")
+DEVICE = ("decode", "sync", "head", "prefill", "propose", "inject")  # the target's forward, the drafter's graphs
+HOST = tuple(p for p in PARTS if p not in DEVICE)
+
+
+def summarize(stats: list[dict]) -> dict[str, float]:
+    """Per-step ms of every part (prefill left out of the step: prompt chunks), per-row us, host."""
+    steps = sum(s["n_steps"] for s in stats)
+    rows = sum(s["phases"]["rows"] - (s["n_prompt"] - s["n_reused"]) for s in stats)
+    out = {p: 1e3 * sum(s["phases"][p + "_s"] for s in stats) / max(steps, 1) for p in PARTS}
+    out["python"] = 1e3 * sum(s["phases"]["python_s"] for s in stats) / max(steps, 1)
+    out["host"] = sum(out[p] for p in HOST)
+    out["step"] = sum(out[p] for p in PARTS if p != "prefill")
+    out["rows"] = rows / max(steps, 1)
+    out["host_us_per_row"] = 1e3 * out["host"] / max(out["rows"], 1e-9)
+    ledger = sum(sum(s["phases"][p + "_s"] for p in PARTS) for s in stats)
+    out["ledger_vs_wall"] = ledger / max(sum(s["engine_step_s"] for s in stats), 1e-12)
+    out["tau"] = sum(s["n_generated"] - 1 for s in stats) / max(steps, 1)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--draft", default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--n-prompts", type=int, default=4, help="per set")
+    ap.add_argument("--sets", default="agentic,chat")
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--configs", default="plain,chain 7,tree 16,context alone,merged 16,auto")
+    ap.add_argument("--n-ctx", type=int, default=2048)
+    args = ap.parse_args()
+
+    from pydflash2.models import default_drafter, default_target
+    from pydflash2.speculator import Speculator, load_target
+
+    model = args.model or str(default_target())
+    draft = args.draft or str(default_drafter())
+    llm, _ = load_target(model, n_ctx=args.n_ctx, n_threads=args.threads, tree_budget=16, context_drafts="request")
+    make = {
+        "plain": lambda: Speculator(llm, None, n_max=0),
+        "chain 7": lambda: Speculator(llm, draft, n_max=7),
+        "tree 16": lambda: Speculator(llm, draft, n_max=7, tree_budget=16),
+        "context alone": lambda: Speculator(llm, None, n_max=0, context_drafts="request"),
+        "merged 16": lambda: Speculator(llm, draft, n_max=7, tree_budget=16, context_drafts="request"),
+        "auto": lambda: Speculator(llm, draft, n_max="auto", context_drafts="request"),
+    }
+    names = [c for c in args.configs.split(",") if c in make]
+    specs = {name: make[name]() for name in names}
+    sets = load_sets(args.n_prompts)
+    print(f"model {Path(model).name}, drafter {Path(draft).name}, --threads {args.threads}, {args.max_tokens} "
+          f"tokens, n_ctx {args.n_ctx}, flash attention on, load average {os.getloadavg()[0]:.1f}")
+    for set_name in args.sets.split(","):
+        prompts = [specs[names[0]].tokenize_prompt(m) for m in sets[set_name]]
+        for temp in (float(t) for t in args.temperatures.split(",")):
+            runs: dict[str, list[dict]] = {n: [] for n in names}
+            t0 = time.time()
+            for i, ids in enumerate(prompts):
+                for name, spec in specs.items():
+                    runs[name].append(spec.generate(ids, max_tokens=args.max_tokens, temperature=temp,
+                                                    seed=1000 + i).stats)
+            print(f"\n{set_name}, {len(prompts)} prompts, T={temp:g} ({time.time() - t0:.0f} s): ms per step "
+                  f"(prefill: ms per step spent on prompt chunks, outside the step column)")
+            cols = [*PARTS, "python", "step", "host", "rows", "host_us_per_row", "tau", "ledger_vs_wall"]
+            print("| configuration | " + " | ".join(cols) + " |")
+            print("| --- " * (len(cols) + 1) + "|")
+            for name, stats in runs.items():
+                r = summarize(stats)
+                cells = [f"{r[c]:.3f}" if c not in ("rows", "tau", "ledger_vs_wall", "host_us_per_row")
+                         else f"{r[c]:.2f}" for c in cols]
+                print(f"| {name} | " + " | ".join(cells) + " |")
+            sys.stdout.flush()
+    for spec in specs.values():
+        spec.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,33 @@
+#include "engine/step_ledger.h"
+
+#include <numeric>
+
+namespace pdf2 {
+
+const char * part_name(Part p) {
+    static const char * const names[kParts] = {"plan",   "offers", "propose",  "graph_setup", "select", "build",
+                                               "decode", "sync",   "head",     "verify",      "kv",     "features",
+                                               "inject", "sources", "prefill", "other"};
+    return names[static_cast<size_t>(p)];
+}
+
+StepLedger::Scope::Scope(StepLedger & ledger, Part part) : ledger_(ledger), part_(part), t0_(Clock::now()) {
+    ledger_.inner_.push_back(0.0);
+}
+
+StepLedger::Scope::~Scope() {
+    const double elapsed = std::chrono::duration<double>(Clock::now() - t0_).count();
+    const double inner = ledger_.inner_.back();
+    ledger_.inner_.pop_back();
+    ledger_.seconds_[static_cast<size_t>(part_)] += elapsed - inner;
+    if (!ledger_.inner_.empty()) ledger_.inner_.back() += elapsed;
+}
+
+void StepLedger::add(Part part, double seconds) {
+    seconds_[static_cast<size_t>(part)] += seconds;
+    if (!inner_.empty()) inner_.back() += seconds;
+}
+
+double StepLedger::total() const { return std::accumulate(seconds_.begin(), seconds_.end(), 0.0); }
+
+}  // namespace pdf2
