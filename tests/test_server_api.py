@@ -379,6 +379,10 @@ def test_timings_in_every_answer(server: ServerProcess, llm: llama_cpp.Llama) ->
     assert t.get("draft_n_accepted", 0) == round((t["tau"] - 1) * t["n_steps"])
     if SLOT_STATS:
         assert t["draft_n"] >= t["draft_n_accepted"]
+    # the engine's step ledger while the request ran: its steps (this request's among them) and each part
+    ledger = t["ledger"]
+    assert ledger["steps"] >= t["n_steps"] and ledger["rows"] >= ledger["steps"]
+    assert ledger["decode_ms"] > 0 and ledger["verify_ms"] > 0 and all(v >= 0 for v in ledger.values())
     # streamed: on the last chunk
     with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as s:
         data = [json.loads(line[5:]) for line in s.iter_lines() if line.startswith("data:") and "[DONE]" not in line]

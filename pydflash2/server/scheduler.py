@@ -151,11 +151,13 @@ class Scheduler:
         self._abort: str | None = None
         self._held = [0] * engine.n_slots  # tokens each slot's sequence holds (its last request's, when idle)
         self._last_request = [""] * engine.n_slots
+        self._engine_stats: dict[str, Any] = {}  # the engine's counters after the last step
 
     # ------------------------------------------------------------ event-loop side
 
     def start(self) -> None:
-        self.metrics.engine_stats(self.engine.stats())
+        self._engine_stats = self.engine.stats()
+        self.metrics.engine_stats(self._engine_stats)
         self._thread.start()
 
     def shutdown(self) -> None:
@@ -286,7 +288,8 @@ class Scheduler:
                 log.error("engine recovery %d/%d failed: %s", attempt, RECOVERY_ATTEMPTS, e)
                 time.sleep(RECOVERY_BACKOFF_S * attempt)
         self._held = [0] * self.engine.n_slots
-        self.metrics.engine_stats(self.engine.stats(), baseline=True)
+        self._engine_stats = self.engine.stats()
+        self.metrics.engine_stats(self._engine_stats, baseline=True)
         self.metrics.recoveries.inc()
         self.progress_at = time.monotonic()
         with self._cond:
@@ -360,7 +363,8 @@ class Scheduler:
             free.remove(slot)
             with self._cond:
                 self._active[slot] = _Active(req, TextStream(self._token_bytes, req.stop),
-                                             clock=RequestClock(n_prompt=len(req.prompt_tokens), n_cached=cached))
+                                             clock=RequestClock(n_prompt=len(req.prompt_tokens), n_cached=cached,
+                                                                ledger0=self._engine_stats.get("ledger")))
                 self._last_request[slot] = req.request_id or ""
         self.metrics.waiting.set(len(self._waiting))
         self.metrics.running.set(len(self._active))
@@ -398,7 +402,8 @@ class Scheduler:
         per_slot = self.engine.step()
         now = time.perf_counter()
         native_s = now - t0
-        self.metrics.engine_stats(self.engine.stats())
+        self._engine_stats = self.engine.stats()
+        self.metrics.engine_stats(self._engine_stats)
         for slot, committed in enumerate(per_slot):
             a = self._active.get(slot)
             if a is None:
@@ -475,7 +480,8 @@ class Scheduler:
             self.metrics.generation_tokens.inc(n)
         self.metrics.running.set(len(self._active))
         req.emit(Finished(a.text.text, reason, len(req.prompt_tokens), n, error=error, tokens=a.tokens,
-                          timings=timings(a.clock, time.perf_counter(), n, self._slot_stats(slot)),
+                          timings=timings(a.clock, time.perf_counter(), n, self._slot_stats(slot),
+                                          self._engine_stats.get("ledger")),
                           logprobs=a.logprobs if "logprobs" in req.engine_options else None,
                           status=status, tau=a.tau))
 

@@ -1,7 +1,8 @@
 """Per-request figures in every answer, as llama-server's `timings` object
 (prompt_n, prompt_ms, predicted_n, predicted_ms, their per-token ms and per
 second, cache_n, draft_n, draft_n_accepted) plus speculation's: `tau` (tokens
-committed per target verify step after the first token) and `n_steps`.
+committed per target verify step after the first token), `n_steps`, and the engine's step ledger
+while the request ran (`ledger`: milliseconds per step of each part).
 
 The scheduler's clock sees every commit; the drafted count needs the engine's
 per-slot counters (its slot_stats(slot), drafted_per_position), and is
@@ -23,6 +24,7 @@ class RequestClock:
     t_first: float | None = None  # the prefill ended: first token
     n_committed: int = 0  # tokens the engine committed (some may fall after a stop)
     n_steps: int = 0  # verify steps after the first token
+    ledger0: dict[str, Any] | None = None  # the engine's step ledger when the request got its slot
 
     def commit(self, n: int, now: float) -> None:
         if self.t_first is None:
@@ -37,8 +39,20 @@ def _rate(n: int, ms: float) -> tuple[float, float]:
     return (ms / n if n else 0.0), (1e3 * n / ms if ms > 0 else 0.0)
 
 
+def ledger_per_step(ledger0: dict[str, Any], ledger: dict[str, Any]) -> dict[str, Any]:
+    """The engine's step ledger (native step_ledger.h) between two snapshots: the steps, their rows,
+    and each part's milliseconds per step (the engine's steps while the request ran: shared with the
+    requests beside it)."""
+    steps = int(ledger["steps"] - ledger0["steps"])
+    out: dict[str, Any] = {"steps": steps, "rows": int(ledger["rows"] - ledger0["rows"])}
+    for key, value in ledger.items():
+        if key.endswith("_s"):
+            out[key[:-2] + "_ms"] = 1e3 * (value - ledger0[key]) / steps if steps else 0.0
+    return out
+
+
 def timings(clock: RequestClock, t_end: float, n_predicted: int,
-            slot_stats: dict[str, Any] | None = None) -> dict[str, Any]:
+            slot_stats: dict[str, Any] | None = None, ledger: dict[str, Any] | None = None) -> dict[str, Any]:
     t_first = clock.t_first if clock.t_first is not None else t_end
     prompt_n = clock.n_prompt - clock.n_cached
     prompt_ms = 1e3 * (t_first - clock.t_start)
@@ -65,4 +79,6 @@ def timings(clock: RequestClock, t_end: float, n_predicted: int,
         # drafts by source: the drafter's lattice and the context (a node both proposed counts for both)
         for key in ("lattice_drafted", "lattice_accepted", "context_drafted", "context_accepted", "propose_skipped"):
             out[key] = int(slot_stats[key])
+    if clock.ledger0 is not None and ledger is not None:
+        out["ledger"] = ledger_per_step(clock.ledger0, ledger)
     return out
