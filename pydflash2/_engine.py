@@ -304,26 +304,29 @@ class NativeEngine:
 
     # ------------------------------------------------------------ costs
 
-    def set_costs(self, verify_s: Sequence[float], draft_s: Sequence[float]) -> None:
+    def set_costs(self, verify_s: Sequence[float], draft_s: Sequence[float], plain_s: float = 0.0) -> None:
+        """verify_s[B-1]: a decode of B rows; draft_s[n-1]: drafting n; plain_s: the plain step without the
+        drafter's features (0: unknown), the baseline the cost model prices plain decoding at."""
         v = np.ascontiguousarray(verify_s, dtype=np.float64)
         d = np.ascontiguousarray(draft_s, dtype=np.float64)
         check(lib.pdf2_batch_engine_set_costs(self._h, ffi.from_buffer("double[]", v), len(v),
-                                              ffi.from_buffer("double[]", d), len(d)), "set_costs")
+                                              ffi.from_buffer("double[]", d), len(d), float(plain_s)), "set_costs")
 
     def measure_costs(self, prompt: Sequence[int], reps: int = 5) -> dict[str, list[float]]:
-        """Times target decodes of 1..max_verify_rows tokens and drafter blocks after `prompt`
-        (prefilled on slot 0, which must be idle)."""
+        """Times target decodes of 1..max_verify_rows tokens, drafter blocks and the plain step without
+        the drafter's features after `prompt` (prefilled on slot 0, which must be idle)."""
         self.start(0, prompt, SamplingRequest())
         try:
             while not self.step()[0]:
                 pass  # prefill slot 0
             v = np.zeros(self.max_verify_rows, dtype=np.float64)
             d = np.zeros(self.max_draft, dtype=np.float64)
+            plain = ffi.new("double *")
             check(lib.pdf2_batch_engine_measure_costs(self._h, 0, reps, ffi.from_buffer("double[]", v), len(v),
-                                                      ffi.from_buffer("double[]", d), len(d)), "measure_costs")
+                                                      ffi.from_buffer("double[]", d), len(d), plain), "measure_costs")
         finally:
             self.stop(0)
-        return {"verify_s": v.tolist(), "draft_s": d.tolist()}
+        return {"verify_s": v.tolist(), "draft_s": d.tolist(), "plain_s": float(plain[0])}
 
     def use_measured_costs(self, *, model_path: str, draft_path: str, device: str, n_threads: int,
                            lazy_head: bool, tokenize: Callable[[bytes], Sequence[int]], n_ctx: int,
@@ -337,5 +340,5 @@ class NativeEngine:
         prompt = draft_costs.warmup_prompt(tokenize, n_ctx, self.max_verify_rows - 1)
         costs = draft_costs.load_or_measure(key, self.max_verify_rows, self.max_draft,
                                             lambda: run(lambda: self.measure_costs(prompt)))
-        self.set_costs(costs["verify_s"], costs["draft_s"])
+        self.set_costs(costs["verify_s"], costs["draft_s"], costs.get("plain_s", 0.0))
         return costs

@@ -79,6 +79,7 @@ def load_or_measure(key: str, n_verify: int, n_draft: int, measure: Callable[[],
         entry
         and len(entry.get("verify_s", [])) == n_verify
         and len(entry.get("draft_s", [])) == n_draft
+        and "plain_s" in entry  # (entries from before the plain baseline are measured again)
     ):
         return entry
     entry = measure()

@@ -383,3 +383,31 @@ def test_a_source_needs_merged_trees(hot_pair) -> None:
     llm, _ = load_target(hot_pair[0], n_ctx=256, n_threads=1)
     with Speculator(llm, str(hot_pair[1]), n_max=3) as spec, pytest.raises(Exception, match="needs merged trees"):
         spec.add_draft_source("repeat")
+
+
+# ---------------------------------------------------------------- the plain baseline
+
+def test_auto_decodes_plainly_where_drafts_lose_to_the_plain_step(hot_pair, llm, exact) -> None:
+    """The cost model's plain option is the measured plain step (a decode without the drafter's
+    features), not its own one-row verify. With a GPU's shape of costs (issue 46: a verify of 1-8 rows
+    nearly flat, but twice what a plain step costs) auto drafts when plain is priced at the one-row
+    verify, and decodes plainly once plain is priced at the plain step, its plain steps then skipping
+    the drafter's features; the tokens stay plain greedy's either way."""
+    prompt = REPEATING[0]
+    ids = _ids(llm, prompt)
+    want = plain_greedy(llm, ids, N_TOKENS)
+    steps = {}
+    with Speculator(llm, str(hot_pair[1]), n_max="auto") as spec:
+        verify = [0.00262] + [0.0027] * (spec.max_verify_rows - 1)
+        for plain_s in (0.0, 0.0003):  # unknown (the one-row verify prices plain), then a plain step 9x cheaper
+            spec.set_costs(verify, [0.00038] * spec.max_draft, plain_s)
+            unfed0 = spec.engine_stats()["unfed_steps"]
+            out = spec.generate(ids, max_tokens=N_TOKENS)
+            check_greedy(out.tokens, want, exact=exact, delta=DELTA_TINY, what=("plain baseline", plain_s))
+            steps[plain_s] = (out.stats["n_steps"], out.stats["n_spec_steps"],
+                              spec.engine_stats()["unfed_steps"] - unfed0)
+    print(f"(steps, drafting steps, unfed plain steps) by plain_s: {steps}")
+    n, drafting, unfed = steps[0.0]
+    assert drafting >= 5 and unfed == 0  # drafting looks cheap against the one-row verify
+    n, drafting, unfed = steps[0.0003]
+    assert drafting <= 2 and unfed >= n - drafting - 1  # plain (probes aside), without the features

@@ -302,12 +302,15 @@ int pdf2_batch_engine_set_context_cache_limits(pdf2_batch_engine * e, int32_t ma
 /* Rows of the largest verify the cost model prices: max_draft + 1, or an automatic tree's budget + 1. */
 int32_t pdf2_batch_engine_max_verify_rows(pdf2_batch_engine * e);
 /* Cost model for the adaptive draft length (and automatic tree budget): verify_s[B-1] = target
- * decode of B tokens (B = 1..max_verify_rows), draft_s[n-1] = drafting n tokens. */
+ * decode of B tokens (B = 1..max_verify_rows), draft_s[n-1] = drafting n tokens, plain_s = a
+ * one-row decode that skips the drafter's features (0: not measured): the plain step the user
+ * would otherwise get, at which the cost model prices plain decoding where it is measurably cheaper
+ * than verify_s[0] (plain steps then skip the features). */
 int pdf2_batch_engine_set_costs(pdf2_batch_engine * e, const double * verify_s, int32_t n_verify,
-                                const double * draft_s, int32_t n_draft);
+                                const double * draft_s, int32_t n_draft, double plain_s);
 /* Measures those costs on a slot whose prefill is done (its state is restored). */
 int pdf2_batch_engine_measure_costs(pdf2_batch_engine * e, int32_t slot, int32_t reps, double * verify_s,
-                                    int32_t n_verify, double * draft_s, int32_t n_draft);
+                                    int32_t n_verify, double * draft_s, int32_t n_draft, double * plain_s);
 /* A request's sampler chain, applied as llama-cpp-python applies it, with
  * llama.cpp's own samplers: logit bias, penalties, grammar, then (temperature
  * > 0) top-k, top-p, min-p, temperature; greedy (temperature 0) takes the

@@ -174,7 +174,7 @@ class BatchEngine:
             self._ready_drafters()
         self._native = self._new_native()
         if self.costs is not None:
-            self.set_costs(self.costs["verify_s"], self.costs["draft_s"])
+            self.set_costs(self.costs["verify_s"], self.costs["draft_s"], self.costs.get("plain_s", 0.0))
 
     def close(self) -> None:
         if getattr(self, "_native", None) is not None:
@@ -251,5 +251,5 @@ class BatchEngine:
         """The counters of the slot's current or last request (drafted and accepted per position...)."""
         return self._native.slot_stats(slot)
 
-    def set_costs(self, verify_s: Sequence[float], draft_s: Sequence[float]) -> None:
-        self._native.set_costs(verify_s, draft_s)
+    def set_costs(self, verify_s: Sequence[float], draft_s: Sequence[float], plain_s: float = 0.0) -> None:
+        self._native.set_costs(verify_s, draft_s, plain_s)

@@ -146,7 +146,10 @@ void BatchEngine::decode_batch(bool prefill, bool lazy_head) {
     // layer. A batch is one ubatch (at most n_ubatch rows; one sequence, or equal
     // rows per sequence in slot order), so the graph's rows are the batch's rows in
     // order, as with the taps; any other split fails check_complete's shape test.
-    const bool capturing = target_.capture_path() == CapturePath::Callback && !target_.feature_layers().empty();
+    // (prompt rows always feed the drafter; verify rows unless the step starves it: BatchEngine::step)
+    target_.set_feeding(prefill || feed_rows_);
+    const bool capturing = target_.capture_path() == CapturePath::Callback && !target_.feature_layers().empty() &&
+                           target_.feeding();
     if (capturing) {
         feature_capture_->arm(target_.feature_layers(), target_.n_embd(), batch_.n_tokens);
     }

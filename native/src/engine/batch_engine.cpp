@@ -359,8 +359,8 @@ int32_t BatchEngine::reuse_prefix(Slot & s, int slot, const std::vector<llama_to
 }
 
 void BatchEngine::queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0) {
-    if (!feed_drafters_ || n <= 0) {
-        return;
+    if (!feed_drafters_ || n <= 0 || !target_.feeding()) {
+        return;  // (a starved plain step: the drafter does without these rows)
     }
     const StepLedger::Scope features(stats_.ledger, Part::Features);
     target_.features(row0, n, feat_);
@@ -401,6 +401,9 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
     const Groups groups = draft_blocks(plan);
     int rows = 0;
     for (const auto & [n_rows, members] : groups) {
+        // a plain step feeds the drafter only where its copies cost little (StepCosts::starve_plain)
+        feed_rows_ = !(n_rows == 1 && costs_.starve_plain());
+        stats_.n_unfed_steps += feed_rows_ || !feed_drafters_ ? 0 : 1;
         const int32_t n_fillers = add_group_rows(n_rows, members);
         decode_group(n_rows, members);
         rows += batch_.n_tokens - n_fillers;

@@ -116,6 +116,7 @@ struct BatchStats {
     int64_t n_accepted = 0;      // ... of which accepted
     std::vector<int64_t> accepted_per_pos;  // accepted at block position (tree depth) 1..step width
     int64_t n_context_steps = 0, n_propose_skipped = 0;  // as SlotStats
+    int64_t n_unfed_steps = 0;  // plain decodes that skipped the drafter's features (StepCosts::starve_plain)
     StepLedger ledger;  // where the steps' time went (step_ledger.h)
     int64_t n_graph_builds = 0;
 };
@@ -140,10 +141,13 @@ class BatchEngine {
     int max_verify_rows() const { return std::max({max_draft_, tree_policy_.max_budget(), opts_.context_nodes}) + 1; }
     int32_t n_ctx_slot() const { return opts_.n_ctx_slot; }
 
-    void set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s);
-    // Times target decodes of B = 1..max_verify_rows() rows and drafter blocks of
-    // n = 1..max_draft drafts on a slot that has finished its prefill.
-    void measure_costs(int slot, int reps, std::vector<double> & verify_s, std::vector<double> & draft_s);
+    // plain_s: a plain decode's step without the drafter's features (0: not measured)
+    void set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s, double plain_s = 0.0);
+    // Times target decodes of B = 1..max_verify_rows() rows, drafter blocks of n = 1..max_draft
+    // drafts, and a plain decode that skips the drafter's features, on a slot that has finished its
+    // prefill.
+    void measure_costs(int slot, int reps, std::vector<double> & verify_s, std::vector<double> & draft_s,
+                       double & plain_s);
 
     // Queues a prompt on an idle slot; it is prefilled by the next step(s),
     // from the first token where it differs from what the slot holds (the
@@ -348,6 +352,7 @@ class BatchEngine {
     int step_width_ = 0;     // max_draft_, or deeper context paths
     int tree_branches_ = 0;  // branch sequences per slot (a tree's leaves)
     bool feed_drafters_ = false;
+    bool feed_rows_ = true;  // this decode's verify rows feed the drafter
     llama_batch batch_;
     int32_t batch_cap_ = 0;
     // filler rows need sequences whose K/V can be cut back (not recurrent or hybrid memory)

@@ -6,6 +6,8 @@
 
 #include "pydflash2.h"
 
+#include <cmath>
+
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -143,27 +145,28 @@ extern "C" int32_t pdf2_batch_engine_max_verify_rows(pdf2_batch_engine * e) {
 }
 
 extern "C" int pdf2_batch_engine_set_costs(pdf2_batch_engine * e, const double * verify_s, int32_t n_verify,
-                                           const double * draft_s, int32_t n_draft) {
+                                           const double * draft_s, int32_t n_draft, double plain_s) {
     return pdf2::guarded<int>(-1, [&] {
         if (verify_s == nullptr || n_verify < 1 || (n_draft > 0 && draft_s == nullptr)) {
             throw pdf2::Error("costs: verify_s needs at least one entry");
         }
+        if (!std::isfinite(plain_s) || plain_s < 0.0) throw pdf2::Error("costs: plain_s must be finite and >= 0");
         get(e).set_costs(std::vector<double>(verify_s, verify_s + n_verify),
-                         std::vector<double>(draft_s, draft_s + std::max(0, n_draft)));
+                         std::vector<double>(draft_s, draft_s + std::max(0, n_draft)), plain_s);
         return 0;
     });
 }
 
 extern "C" int pdf2_batch_engine_measure_costs(pdf2_batch_engine * e, int32_t slot, int32_t reps, double * verify_s,
-                                               int32_t n_verify, double * draft_s, int32_t n_draft) {
+                                               int32_t n_verify, double * draft_s, int32_t n_draft, double * plain_s) {
     return pdf2::guarded<int>(-1, [&] {
         pdf2::BatchEngine & eng = get(e);
-        if (verify_s == nullptr || draft_s == nullptr || n_verify != eng.max_verify_rows() ||
+        if (verify_s == nullptr || draft_s == nullptr || plain_s == nullptr || n_verify != eng.max_verify_rows() ||
             n_draft != eng.max_draft()) {
-            throw pdf2::Error("costs arrays must hold max_verify_rows and max_draft entries");
+            throw pdf2::Error("costs arrays must hold max_verify_rows and max_draft entries (and plain_s one)");
         }
         std::vector<double> v, d;
-        eng.measure_costs(slot, reps, v, d);
+        eng.measure_costs(slot, reps, v, d, *plain_s);
         std::copy(v.begin(), v.end(), verify_s);
         std::copy(d.begin(), d.end(), draft_s);
         return 0;

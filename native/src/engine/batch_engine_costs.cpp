@@ -16,16 +16,19 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 }  // namespace
 
-void BatchEngine::set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s) {
+void BatchEngine::set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s,
+                            double plain_s) {
     costs_.verify_s = verify_s;
     costs_.draft_s = draft_s;
+    costs_.plain_s = feed_drafters_ ? plain_s : 0.0;  // without a drafter every step is already so
     shared_policy_.set_costs(costs_);
     for (Slot & s : slots_) {
         s.drafting.policy.set_costs(costs_);
     }
 }
 
-void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify_s, std::vector<double> & draft_s) {
+void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify_s, std::vector<double> & draft_s,
+                                double & plain_s) {
     Slot & s = slot_at(slot);
     if (s.state != State::Decode || (s.drafting.drafter == nullptr && max_draft_ > 0)) {
         throw Error("measure_costs() needs a slot that has finished its prefill (and its drafter)");
@@ -39,7 +42,19 @@ void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify
     llama_memory_t mem = llama_get_memory(ctx_.ctx);
     const BatchStats saved = stats_;  // measuring is no request's work
     std::vector<std::vector<double>> vt(static_cast<size_t>(max_b)), dt(static_cast<size_t>(max_draft_));
+    std::vector<double> pt;
     for (int r = 0; r < reps; ++r) {
+        if (feed_drafters_) {  // the plain step without the drafter's features
+            batch_.n_tokens = 0;
+            add_row(s.seq.anchor, s.seq.pos, slot, true);
+            feed_rows_ = false;
+            const auto t0 = Clock::now();
+            decode_batch(false, false);
+            (void) row_logits(0);
+            pt.push_back(seconds_since(t0));
+            feed_rows_ = true;
+            llama_memory_seq_rm(mem, slot, s.seq.pos, -1);
+        }
         // interleave the sizes so that machine noise spreads evenly over them
         for (int b = 1; b <= max_b; ++b) {
             batch_.n_tokens = 0;
@@ -68,6 +83,8 @@ void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify
     draft_s.assign(dt.size(), 0.0);
     for (size_t i = 0; i < vt.size(); ++i) verify_s[i] = median(vt[i]);
     for (size_t i = 0; i < dt.size(); ++i) draft_s[i] = median(dt[i]);
+    plain_s = pt.empty() ? 0.0 : median(pt);
+    target_.set_feeding(true);
     stats_ = saved;
 }
 

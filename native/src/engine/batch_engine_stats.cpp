@@ -142,6 +142,8 @@ std::string BatchEngine::stats_json() const {
     w.field("n_drafts", stats_.n_drafts);
     w.field("n_draft_tokens", stats_.n_draft_tokens);
     w.field("n_accepted", stats_.n_accepted);
+    w.field("unfed_steps", stats_.n_unfed_steps);  // plain steps that skipped the drafter's features
+    w.field("plain_s", costs_.plain_s);
     write_ledger(w);
     w.field("drafter_graph_builds", stats_.n_graph_builds);
     w.key("accepted_per_position").begin_array();

@@ -14,11 +14,12 @@ double StepCosts::draft_seconds(int n) const {
 double StepCosts::step_seconds(int n_slots, int rows, int n) const {
     const std::vector<double> & v = verify_s;
     const double draft = draft_seconds(n);
+    const bool plain = rows <= 1 && n == 0 && starve_plain();  // what a plain step costs then
     if (n_slots <= 1) {
-        return v[std::min(static_cast<size_t>(std::max(rows, 1) - 1), v.size() - 1)] + draft;
+        return plain ? plain_s : v[std::min(static_cast<size_t>(std::max(rows, 1) - 1), v.size() - 1)] + draft;
     }
     const double row = std::max(0.0, (v.back() - v.front()) / static_cast<double>(v.size() - 1));
-    return v.front() + (n_slots * rows - 1.0) * row + n_slots * draft;
+    return (plain ? plain_s : v.front()) + (n_slots * rows - 1.0) * row + n_slots * draft;
 }
 
 }  // namespace pdf2

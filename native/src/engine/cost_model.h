@@ -48,11 +48,18 @@ template <class PriceOf> Choice best_rate(int first, int last, PriceOf price) {
 struct StepCosts {
     std::vector<double> verify_s;
     std::vector<double> draft_s;
+    // The plain step the user would get without speculation: a one-row decode that skips the
+    // drafter's features (0: not measured). On a GPU their copies make a one-row verify cost up to
+    // twice this; the cost model prices plain decoding at it, and the engine then decodes plain
+    // steps so (the drafter goes without those rows).
+    double plain_s = 0.0;
 
     bool measured() const { return !verify_s.empty(); }
     // enough to price rows beyond the first (the batch's linear model needs two sizes)
     bool has_row_cost() const { return verify_s.size() >= 2; }
 
+    // Plain steps skip the drafter's features where that is measurably cheaper (by 5%).
+    bool starve_plain() const { return plain_s > 0.0 && !verify_s.empty() && verify_s.front() > 1.05 * plain_s; }
     // seconds to draft a block of n (0: nothing drafted)
     double draft_seconds(int n) const;
     // seconds of a step in which `n_slots` slots each verify `rows` rows after drafting n: the

@@ -67,7 +67,15 @@ void TargetRunner::release() {
     }
 }
 
+void TargetRunner::set_feeding(bool on) {
+    if (on == feeding_) return;
+    feeding_ = on;
+    if (path_ != CapturePath::Tap) return;  // the callback is armed per decode (BatchEngine::decode_batch)
+    for (const int32_t lid : layers_) llama_set_embeddings_layer_inp(ctx_, static_cast<uint32_t>(lid), on);
+}
+
 void TargetRunner::claim() {
+    feeding_ = true;
     if (pdf2::capture_path(arch_) != CapturePath::Tap) {
         return;  // this graph has no taps (asking it for one would abort); the callback is armed per decode
     }

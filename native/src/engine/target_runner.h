@@ -57,6 +57,10 @@ class TargetRunner {
     int32_t feature_width() const { return static_cast<int32_t>(layers_.size()) * n_embd_; }
 
     void claim();    // make the context capture exactly this runner's layers (before each request)
+    // Whether the next decodes capture features (taps set, or the callback armed): a plain step
+    // whose rows the drafter need not see skips the copies a GPU pays for them.
+    void set_feeding(bool on);
+    bool feeding() const { return feeding_; }
     void release();  // stop capturing layer inputs (call while the context is alive)
 
     CapturePath capture_path() const { return path_; }
@@ -93,6 +97,7 @@ class TargetRunner {
     int32_t lazy_n_ = 0;                     // its rows
     std::vector<float> lazy_logits_;         // lazy_n_ x n_vocab_, row j valid once lazy_done_[j]
     std::vector<uint8_t> lazy_done_;
+    bool feeding_ = true;
     int64_t lazy_rows_total_ = 0;
     double lazy_seconds_ = 0;
 };
