@@ -12,6 +12,11 @@ the ledger's total against the engine's steps timed from Python around the nativ
 add up to the step when it is 1.00).
 
     python benchmarks/step_ledger.py --threads 2 --max-tokens 64 --n-prompts 4 [--temperatures 0,1]
+
+--stand-in runs a CPU stand-in for a fast device instead: a target made here with SmolLM2's
+tokenizer (49,152 tokens) and 2 narrow layers (n_embd 64), whose plain step takes a millisecond or
+two on 2 threads, and a random DFlash2 drafter for it: host work then weighs as on a GPU, where the
+target's decode is short. (Its drafts are random: the ledger, not tau, is what it shows.)
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
+import _repo  # noqa: E402,F401  (tests/support on sys.path: the fixture makers)
 from hybrid_drafts import load_sets  # noqa: E402
 
 PARTS = ("plan", "offers", "propose", "graph_setup", "select", "build", "decode", "sync", "head", "verify", "kv",
@@ -48,6 +54,21 @@ def summarize(stats: list[dict]) -> dict[str, float]:
     return out
 
 
+def stand_in(smollm2: str) -> tuple[str, str]:
+    """The stand-in pair (made once under ~/.cache/pydflash2/stand-in): SmolLM2's tokenizer, 2 layers."""
+    from pydflash2_testing import TargetSpec, make_random_drafter_for, make_target_gguf
+
+    out = Path(os.environ.get("PYDFLASH2_CACHE_DIR", Path.home() / ".cache" / "pydflash2")) / "stand-in"
+    out.mkdir(parents=True, exist_ok=True)
+    target, draft = out / "target.gguf", out / "drafter.gguf"
+    if not target.exists():
+        make_target_gguf(target, TargetSpec(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128,
+                                            tokenizer_from=smollm2))
+    if not draft.exists():
+        make_random_drafter_for(target, draft)
+    return str(target), str(draft)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None)
@@ -59,6 +80,7 @@ def main() -> int:
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--configs", default="plain,chain 7,tree 16,context alone,merged 16,auto")
     ap.add_argument("--n-ctx", type=int, default=2048)
+    ap.add_argument("--stand-in", action="store_true", help="a narrow target with SmolLM2's vocabulary (above)")
     args = ap.parse_args()
 
     from pydflash2.models import default_drafter, default_target
@@ -66,6 +88,8 @@ def main() -> int:
 
     model = args.model or str(default_target())
     draft = args.draft or str(default_drafter())
+    if args.stand_in:
+        model, draft = stand_in(model)
     llm, _ = load_target(model, n_ctx=args.n_ctx, n_threads=args.threads, tree_budget=16, context_drafts="request")
     make = {
         "plain": lambda: Speculator(llm, None, n_max=0),

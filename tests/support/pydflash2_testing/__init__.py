@@ -129,6 +129,9 @@ class TargetSpec:
     hot_tokens: tuple[int, ...] = ()
     seed: int = 0
     chat_template: str = CHATML_TEMPLATE  # or TOOLS_TEMPLATE
+    # a GGUF whose tokenizer (vocabulary, merges, special ids, chat template) the target takes instead of
+    # the tiny BPE: e.g. SmolLM2's 49,152 tokens, for a target whose head and sampling weigh as SmolLM2's
+    tokenizer_from: str = ""
 
     @property
     def head_dim(self) -> int:
@@ -214,7 +217,10 @@ def make_target_gguf(path: str | Path, spec: TargetSpec = TargetSpec()) -> Path:
         raise ValueError(f"arch must be one of {TARGET_ARCHS}, got {spec.arch!r}")
     path = Path(path)
     rng = np.random.default_rng(spec.seed)
-    tokens, types, merges = make_vocab(spec.n_merges)
+    if spec.tokenizer_from:
+        tokens = list(gguf.GGUFReader(spec.tokenizer_from).fields["tokenizer.ggml.tokens"].contents())
+    else:
+        tokens, types, merges = make_vocab(spec.n_merges)
     V, H, F, D = len(tokens), spec.n_embd, spec.n_ff, spec.head_dim
 
     w = gguf.GGUFWriter(str(path), arch=spec.arch)
@@ -230,15 +236,18 @@ def make_target_gguf(path: str | Path, spec: TargetSpec = TargetSpec()) -> Path:
     w.add_layer_norm_rms_eps(spec.rms_eps)
     w.add_vocab_size(V)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(BOS_ID)
-    w.add_eos_token_id(EOS_ID)
-    w.add_add_bos_token(False)
-    w.add_chat_template(spec.chat_template)
+    if spec.tokenizer_from:
+        copy_tokenizer_metadata(spec.tokenizer_from, w)
+    else:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt-2")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_bos_token_id(BOS_ID)
+        w.add_eos_token_id(EOS_ID)
+        w.add_add_bos_token(False)
+        w.add_chat_template(spec.chat_template)
 
     def mat(rows: int, cols: int, scale: float) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
