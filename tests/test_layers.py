@@ -150,7 +150,7 @@ MAX_FUNCTION_LINES = 80
 # the step's parts: the planner and the batch builder are BatchEngine's; these know nothing of it
 ENGINE_BELOW_STEP = ("cost_model", "draft_length", "tree_budget", "verify", "draft_source", "draft_sources",
                      "target_sampling", "target_runner", "lazy_head", "batch_invariance", "path_calibration",
-                     "context_index", "merged_draft_tree", "merged_draft_source")
+                     "context_index", "merged_draft_tree", "merged_draft_source", "engine_stats", "step_ledger")
 
 
 def function_lengths(path: Path) -> dict[str, int]:
@@ -199,6 +199,18 @@ def test_draft_sources_do_not_know_the_engine() -> None:
             name = re.search(r'name\(\) const override \{ return "(\w+)"; \}', f.read_text(encoding="utf-8"))
             assert name is not None, f.name
             assert f.stem == "dflash_draft_source" or f'{{"{name[1]}",' in registry, f.name
+
+
+def test_only_the_stats_recorder_writes_the_counters() -> None:
+    """The engine's counters (BatchStats, each request's SlotStats) have one owner, engine_stats.*: the
+    planner, the batch builder and the commits report through its methods; the step ledger's parts are
+    written by its scopes; each draft source keeps its own counters."""
+    write = re.compile(r"\b(?:stats|st)\.\w+(?:\[[^\]]*\])?\s*(?:\+=|-=|=(?!=)|\+\+)")
+    for f in sorted(ENGINE.glob("*.cpp")):
+        if f.stem != "engine_stats":
+            text = f.read_text(encoding="utf-8")
+            assert not write.search(text), f"{f.name}: {write.search(text)[0]!r}"
+    assert write.search((ENGINE / "engine_stats.cpp").read_text(encoding="utf-8"))  # the pattern finds writes
 
 
 def test_only_the_cost_model_chooses() -> None:

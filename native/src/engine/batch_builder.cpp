@@ -53,7 +53,7 @@ void BatchEngine::add_tree_rows(int idx, Slot & s) {
         }
     }
     {
-        const StepLedger::Scope kv(stats_.ledger, Part::Kv);
+        const StepLedger::Scope kv(stats_.ledger(), Part::Kv);
         llama_memory_t mem = llama_get_memory(ctx_.ctx);
         for (const int32_t b : s.rows.branches) {
             llama_memory_seq_rm(mem, b, -1, -1);  // nothing should be left; a failed step may have left rows
@@ -109,7 +109,7 @@ void BatchEngine::flush_pending(int idx, Slot & s) {
 }
 
 void BatchEngine::remove_branches(Slot & s) {
-    const StepLedger::Scope kv(stats_.ledger, Part::Kv);
+    const StepLedger::Scope kv(stats_.ledger(), Part::Kv);
     llama_memory_t mem = llama_get_memory(ctx_.ctx);
     for (const int32_t b : s.rows.branches) {
         llama_memory_seq_rm(mem, b, -1, -1);
@@ -129,11 +129,11 @@ void BatchEngine::add_filler_rows(int seq, int n) {
         add_row(0, p0 + j, seq, logits);
     }
     fillers_.emplace_back(seq, p0);
-    stats_.n_filler_rows += n;
+    stats_.filler_rows(n);
 }
 
 void BatchEngine::remove_filler_rows() {
-    const StepLedger::Scope kv(stats_.ledger, Part::Kv);
+    const StepLedger::Scope kv(stats_.ledger(), Part::Kv);
     llama_memory_t mem = llama_get_memory(ctx_.ctx);
     for (const auto & [seq, p0] : fillers_) {
         llama_memory_seq_rm(mem, seq, p0, -1);
@@ -166,12 +166,12 @@ void BatchEngine::decode_batch(bool prefill, bool lazy_head) {
     }
     int32_t rc = 0;
     {
-        const StepLedger::Scope decode(stats_.ledger, prefill ? Part::Prefill : Part::Decode);
+        const StepLedger::Scope decode(stats_.ledger(), prefill ? Part::Prefill : Part::Decode);
         rc = llama_decode(ctx_.ctx, batch_);
     }
     if (rc == 0) {
         // a GPU's decode returns once launched: the wait for the device is its own part
-        const StepLedger::Scope sync(stats_.ledger, prefill ? Part::Prefill : Part::Sync);
+        const StepLedger::Scope sync(stats_.ledger(), prefill ? Part::Prefill : Part::Sync);
         llama_synchronize(ctx_.ctx);
     }
     if (swap_threads) {
@@ -188,13 +188,12 @@ void BatchEngine::decode_batch(bool prefill, bool lazy_head) {
     if (capturing) {
         feature_capture_->check_complete(target_.arch());
     }
-    stats_.n_steps += 1;
-    stats_.n_rows += batch_.n_tokens;
+    stats_.decoded(batch_.n_tokens);
 }
 
 const float * BatchEngine::row_logits(int32_t row) {
     if (target_.last_decode_lazy()) {
-        const StepLedger::Scope head(stats_.ledger, Part::Head);
+        const StepLedger::Scope head(stats_.ledger(), Part::Head);
         return target_.lazy_logits(row);  // the head runs now, for this row only
     }
     const float * r = llama_get_logits_ith(ctx_.ctx, row);
@@ -210,7 +209,7 @@ const float * BatchEngine::row_logits(int32_t row) {
 // ms a step of 8 slots at 2 threads). Such a slot gets n_rows filler rows after what its
 // sequence holds instead; they are cut off again right after the decode.
 int32_t BatchEngine::add_group_rows(int n_rows, const std::vector<int> & members) {
-    const StepLedger::Scope build(stats_.ledger, Part::Build);
+    const StepLedger::Scope build(stats_.ledger(), Part::Build);
     batch_.n_tokens = 0;
     const bool fill = fill_gaps_ && n_rows * (members.back() - members.front() + 1) <= batch_cap_;
     size_t next = 0;
@@ -269,7 +268,7 @@ int BatchEngine::prefill_chunks(std::vector<int32_t> & counts, std::vector<llama
         const int32_t left = static_cast<int32_t>(s.request.prompt.size()) - s.seq.n_prefilled;
         const int32_t chunk = std::min(left, rows_left);
         {
-            const StepLedger::Scope build(stats_.ledger, Part::Build);
+            const StepLedger::Scope build(stats_.ledger(), Part::Build);
             batch_.n_tokens = 0;
             s.rows.row0 = 0;
             for (int32_t j = 0; j < chunk; ++j) {

@@ -163,7 +163,7 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
     batch_ = llama_batch_init(batch_cap_, 0, std::max(1, tree_branches_));  // a tree's anchor is in every branch
     // context paths may go deeper than the drafter's block
     step_width_ = std::max(max_draft_, opts.context_nodes > 0 ? kContextMaxDepth : 0);
-    stats_.accepted_per_pos.assign(static_cast<size_t>(step_width_), 0);
+    stats_.set_step_width(step_width_);
     if (opts.context_nodes > 0) init_context();
     if (feed_drafters_) {
         // feature rows are copied at every step and prompt chunk: buffers of their largest size
@@ -291,13 +291,7 @@ void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, std::
     s.seq.pos = 0;
     s.seq.anchor = -1;
     s.request.max_tokens = max_tokens;
-    s.request.stats = SlotStats{};
-    s.request.stats.n_prompt = static_cast<int64_t>(prompt.size());
-    s.request.stats.n_reused = keep;
-    s.request.stats.drafted.assign(static_cast<size_t>(step_width_), 0);
-    s.request.stats.accepted.assign(static_cast<size_t>(step_width_), 0);
-    s.request.stats.n_max_used.assign(static_cast<size_t>(max_draft_) + 1, 0);
-    stats_.n_prompt_reused += keep;
+    stats_.start(s.request.stats, static_cast<int64_t>(prompt.size()), keep, step_width_, max_draft_);
     s.drafting.policy = shared_policy_;  // the costs, and the acceptance seen so far
     s.drafting.sources.begin(SourceStart{&prompt, static_cast<int>(s.context_mode), &s.context_key});
     s.state = State::Prefill;
@@ -362,7 +356,7 @@ void BatchEngine::queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0) {
     if (!feed_drafters_ || n <= 0 || !target_.feeding()) {
         return;  // (a starved plain step: the drafter does without these rows)
     }
-    const StepLedger::Scope features(stats_.ledger, Part::Features);
+    const StepLedger::Scope features(stats_.ledger(), Part::Features);
     target_.features(row0, n, feat_);
     s.drafting.feed.features.insert(s.drafting.feed.features.end(), feat_.begin(), feat_.end());
     for (int32_t i = 0; i < n; ++i) {
@@ -374,28 +368,28 @@ void BatchEngine::flush_rows(Slot & s) {
     if (s.drafting.feed.positions.empty()) {
         return;
     }
-    const StepLedger::Scope inject(stats_.ledger, Part::Inject);
+    const StepLedger::Scope inject(stats_.ledger(), Part::Inject);
     const double setup0 = s.drafting.drafter->graph_setup_seconds();
     const uint64_t builds0 = s.drafting.drafter->n_graph_builds();
     s.drafting.drafter->inject(s.drafting.feed.features.data(), static_cast<size_t>(target_.feature_width()),
                       s.drafting.feed.positions.data(), static_cast<int>(s.drafting.feed.positions.size()));
     s.drafting.feed.features.clear();
     s.drafting.feed.positions.clear();
-    stats_.ledger.add(Part::GraphSetup, s.drafting.drafter->graph_setup_seconds() - setup0);
-    stats_.n_graph_builds += static_cast<int64_t>(s.drafting.drafter->n_graph_builds() - builds0);
+    stats_.ledger().add(Part::GraphSetup, s.drafting.drafter->graph_setup_seconds() - setup0);
+    stats_.graph_builds(static_cast<int64_t>(s.drafting.drafter->n_graph_builds() - builds0));
 }
 
 // A step: plan, draft, then per group of equal rows build the batch, decode, verify and commit;
 // then prompt chunks.
 int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
-    const StepLedger::Scope other(stats_.ledger, Part::Other);  // what the parts inside do not name
+    const StepLedger::Scope other(stats_.ledger(), Part::Other);  // what the parts inside do not name
     counts.assign(slots_.size(), 0);
     tokens.assign(slots_.size() * (static_cast<size_t>(step_width_) + 1), -1);
     for (Slot & s : slots_) {
         s.request.n_logprobs = 0;
     }
     const StepPlan plan = [&] {
-        const StepLedger::Scope planning(stats_.ledger, Part::Plan);
+        const StepLedger::Scope planning(stats_.ledger(), Part::Plan);
         return plan_step(counts);
     }();
     const Groups groups = draft_blocks(plan);
@@ -403,7 +397,7 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
     for (const auto & [n_rows, members] : groups) {
         // a plain step feeds the drafter only where its copies cost little (StepCosts::starve_plain)
         feed_rows_ = !(n_rows == 1 && costs_.starve_plain());
-        stats_.n_unfed_steps += feed_rows_ || !feed_drafters_ ? 0 : 1;
+        if (!feed_rows_ && feed_drafters_) stats_.unfed_step();
         const int32_t n_fillers = add_group_rows(n_rows, members);
         decode_group(n_rows, members);
         rows += batch_.n_tokens - n_fillers;
@@ -418,7 +412,7 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
         }
     }
     rows += prefill_chunks(counts, tokens);
-    if (rows > 0) stats_.ledger.end_step(rows);
+    if (rows > 0) stats_.ledger().end_step(rows);
     return rows;
 }
 
@@ -433,13 +427,11 @@ void BatchEngine::commit_tokens(int idx, Slot & s, const std::vector<llama_token
     std::copy(accepted.begin(), accepted.end(), out);
     out[k] = next;
     {
-        const StepLedger::Scope sources(stats_.ledger, Part::Sources);
+        const StepLedger::Scope sources(stats_.ledger(), Part::Sources);
         s.drafting.sources.accept(Verified{out, static_cast<size_t>(k) + 1, &s.rows.block, node_accepted});
     }
     counts[static_cast<size_t>(idx)] = k + 1;
-    stats_.n_generated += k + 1;
-    s.request.stats.n_generated += k + 1;
-    s.request.stats.n_steps += 1;
+    stats_.committed(s.request.stats, k + 1, true);
     s.seq.pos += k + 1;
     s.seq.anchor = next;
 }
@@ -449,12 +441,12 @@ void BatchEngine::commit_chain(int idx, Slot & s, std::vector<int32_t> & counts,
     const int n = static_cast<int>(drafts.size());
     const LogitRows row = [this, &s](int j) { return row_logits(s.rows.row0 + j); };
     const VerifyResult v = [&] {
-        const StepLedger::Scope verify(stats_.ledger, Part::Verify);
+        const StepLedger::Scope verify(stats_.ledger(), Part::Verify);
         return verify_chain(drafts, s.rows.block.q, row, *s.request.sampler);
     }();
     const int k = v.n_accepted;
     if (n > 0) {
-        const StepLedger::Scope kv(stats_.ledger, Part::Kv);
+        const StepLedger::Scope kv(stats_.ledger(), Part::Kv);
         llama_memory_seq_rm(llama_get_memory(ctx_.ctx), idx, s.seq.pos + k + 1, -1);  // rejected drafts
     }
     if (s.request.sampler->params().n_logprobs >= 0) {
@@ -464,9 +456,9 @@ void BatchEngine::commit_chain(int idx, Slot & s, std::vector<int32_t> & counts,
         }
     }
     queue_rows(s, s.rows.row0, k + 1, s.seq.pos);  // anchor + accepted drafts are committed
-    s.request.stats.n_max_used[static_cast<size_t>(n)] += 1;
+    stats_.block(s.request.stats, n, false);
     if (n > 0) {
-        record_drafted_step(s, n, n, k);
+        stats_.drafted(s.request.stats, n, n, k);
         s.drafting.policy.observe(n, k);
         shared_policy_.observe(n, k);
     }
@@ -486,7 +478,7 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
         return row_logits(s.rows.row0 + (node < 0 ? 0 : node_row[static_cast<size_t>(node)]));
     };
     const VerifyResult v = [&] {
-        const StepLedger::Scope verify(stats_.ledger, Part::Verify);
+        const StepLedger::Scope verify(stats_.ledger(), Part::Verify);
         return verify_tree(t, logits_at, *s.request.sampler, [&](const float * logits, llama_token x) {
             if (want_logprobs) record_logprob(s, logits, x);
         });
@@ -504,7 +496,7 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
     // the branch through the last accepted node holds exactly the anchor and the path at positions pos..pos+k
     const int32_t branch = k > 0 ? s.rows.node_branch[static_cast<size_t>(path.back())] : s.rows.branches.front();
     {
-        const StepLedger::Scope kv(stats_.ledger, Part::Kv);
+        const StepLedger::Scope kv(stats_.ledger(), Part::Kv);
         llama_memory_seq_cp(llama_get_memory(ctx_.ctx), branch, idx, s.seq.pos, s.seq.pos + n_in_place + 1);
     }
     remove_branches(s);
@@ -519,11 +511,9 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
         queue_rows(s, s.rows.row0 + node_row[static_cast<size_t>(node)], 1, s.seq.pos + 1 + j);
         accepted[static_cast<size_t>(j)] = t.token[static_cast<size_t>(node)];
     }
-    SlotStats & st = s.request.stats;
-    st.n_tree_steps += 1;
     const int depth = *std::max_element(t.depth.begin(), t.depth.end());
-    st.n_max_used[static_cast<size_t>(std::min(depth, max_draft_))] += 1;
-    record_drafted_step(s, depth, n, k);
+    stats_.block(s.request.stats, std::min(depth, max_draft_), true);
+    stats_.drafted(s.request.stats, depth, n, k);
     if (s.rows.block.is_merged()) {
         // the lattice's policies learn from its own chains and trees; its nodes here teach its
         // calibration only (DFlashDraftSource::accept)
@@ -548,13 +538,13 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
 void BatchEngine::commit_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
     queue_rows(s, s.rows.row0, s.rows.n_rows, s.seq.n_prefilled);
     s.seq.n_prefilled += s.rows.n_rows;
-    stats_.n_prompt += s.rows.n_rows;
+    stats_.prefilled(s.rows.n_rows);
     if (s.seq.n_prefilled < static_cast<int32_t>(s.request.prompt.size())) {
         return;
     }
     const float * logits = row_logits(s.rows.row0 + s.rows.n_rows - 1);
     const llama_token first = [&] {
-        const StepLedger::Scope verify(stats_.ledger, Part::Verify);
+        const StepLedger::Scope verify(stats_.ledger(), Part::Verify);
         return first_token(logits, *s.request.sampler);
     }();
     if (s.request.sampler->params().n_logprobs >= 0) {
@@ -565,11 +555,10 @@ void BatchEngine::commit_prefill(int idx, Slot & s, std::vector<int32_t> & count
     s.seq.pos = s.seq.n_prefilled;
     s.seq.anchor = first;
     tokens[static_cast<size_t>(idx) * (static_cast<size_t>(step_width_) + 1)] = first;
-    const StepLedger::Scope sources(stats_.ledger, Part::Sources);
+    const StepLedger::Scope sources(stats_.ledger(), Part::Sources);
     s.drafting.sources.accept(Verified{&first, 1, nullptr, nullptr});  // a prompt's first token: no block
     counts[static_cast<size_t>(idx)] = 1;
-    stats_.n_generated += 1;
-    s.request.stats.n_generated += 1;
+    stats_.committed(s.request.stats, 1, false);
 }
 
 void BatchEngine::record_logprob(Slot & s, const float * logits, llama_token token) {

@@ -16,6 +16,7 @@
 #include "engine/cost_model.h"
 #include "engine/draft_length.h"
 #include "engine/draft_sources.h"
+#include "engine/engine_stats.h"
 #include "engine/step_ledger.h"
 #include "engine/path_calibration.h"
 #include "drafter/draft_tree.h"
@@ -87,40 +88,6 @@ struct BorrowedTarget {
     CallbackCapture * head_capture = nullptr;     // its cb_eval user data for the lazy LM head, else null
 };
 
-// One request's counters on its slot (reset by start()).
-struct SlotStats {
-    int64_t n_prompt = 0;
-    int64_t n_reused = 0;       // prompt rows the slot already held
-    int64_t n_generated = 0;    // tokens committed, the first (from prefill) included
-    int64_t n_steps = 0;        // target decodes after prefill that carried this slot's rows
-    int64_t n_spec_steps = 0;   // ... of which verified a drafted block
-    int64_t n_tree_steps = 0;   // ... as a tree
-    std::vector<int64_t> drafted;     // per block position 1..max_draft: blocks that reached it
-    std::vector<int64_t> accepted;    // ... and accepted its draft
-    std::vector<int64_t> n_max_used;  // histogram of drafts per step over 0..max_draft
-    // (drafted nodes by source: each source's own counters, draft_sources.h)
-    int64_t n_context_steps = 0;    // steps that verified a merged or candidates-only tree
-    int64_t n_propose_skipped = 0;  // ... of which without the drafter's propose (candidates alone)
-};
-
-// Engine-wide counters since creation (the server turns them into metrics).
-struct BatchStats {
-    int64_t n_steps = 0;         // target decodes
-    int64_t n_rows = 0;          // batch rows in them (filler rows included)
-    int64_t n_filler_rows = 0;   // rows decoded only to keep a verify batch one ubatch (add_filler_rows)
-    int64_t n_prompt = 0;        // prompt tokens prefilled
-    int64_t n_prompt_reused = 0; // prompt tokens whose K/V a slot already held
-    int64_t n_generated = 0;     // tokens committed (first tokens included)
-    int64_t n_drafts = 0;        // drafted blocks verified
-    int64_t n_draft_tokens = 0;  // drafted tokens verified
-    int64_t n_accepted = 0;      // ... of which accepted
-    std::vector<int64_t> accepted_per_pos;  // accepted at block position (tree depth) 1..step width
-    int64_t n_context_steps = 0, n_propose_skipped = 0;  // as SlotStats
-    int64_t n_unfed_steps = 0;  // plain decodes that skipped the drafter's features (StepCosts::starve_plain)
-    StepLedger ledger;  // where the steps' time went (step_ledger.h)
-    int64_t n_graph_builds = 0;
-};
-
 class BatchEngine {
   public:
     // model: the target (it must outlive the engine). drafters: one per slot
@@ -183,7 +150,7 @@ class BatchEngine {
     // tokens[s * (max_draft+1) ...]. Returns the rows decoded (0 = all idle).
     int step(std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
 
-    const BatchStats & stats() const { return stats_; }
+    const BatchStats & stats() const { return stats_.engine(); }
     std::string stats_json() const;
     // The slot's current (or last) request: its counters and acceptance estimate.
     std::string slot_stats_json(int slot);
@@ -312,7 +279,6 @@ class BatchEngine {
                        const std::vector<char> * node_accepted, std::vector<int32_t> & counts,
                        std::vector<llama_token> & tokens);
     void commit_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
-    void record_drafted_step(Slot & s, int depth, int n_drafted, int k);
     void write_context_stats(JsonWriter & w) const;  // batch_engine_stats.cpp
     void write_ledger(JsonWriter & w) const;
     void write_source_stats(JsonWriter & w, const Slot * slot) const;  // one slot's request, or all
@@ -360,7 +326,7 @@ class BatchEngine {
     std::vector<std::pair<int, int32_t>> fillers_;  // this decode's filler rows: sequence, first position
     int prefill_cursor_ = 0;  // round-robin start for prompt chunks
     unsigned probe_turn_ = 0;  // round-robin choice of the slot that probes
-    BatchStats stats_;
+    StatsRecorder stats_;  // the engine's and each request's counters, and the step ledger
     StepCosts costs_;  // reapplied to each new request's policy
     // acceptance seen over all requests: a new request starts from it, not
     // from the optimistic prior (short requests would end before it settled)

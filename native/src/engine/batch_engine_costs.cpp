@@ -40,7 +40,7 @@ void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify
     }
     flush_rows(s);
     llama_memory_t mem = llama_get_memory(ctx_.ctx);
-    const BatchStats saved = stats_;  // measuring is no request's work
+    const BatchStats saved = stats_.save();  // measuring is no request's work
     std::vector<std::vector<double>> vt(static_cast<size_t>(max_b)), dt(static_cast<size_t>(max_draft_));
     std::vector<double> pt;
     for (int r = 0; r < reps; ++r) {
@@ -85,7 +85,7 @@ void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify
     for (size_t i = 0; i < dt.size(); ++i) draft_s[i] = median(dt[i]);
     plain_s = pt.empty() ? 0.0 : median(pt);
     target_.set_feeding(true);
-    stats_ = saved;
+    stats_.restore(saved);
 }
 
 }  // namespace pdf2

@@ -7,27 +7,10 @@
 
 namespace pdf2 {
 
-// A verified step that drafted: per block position (tree depth) 1..depth, whether the verify
-// reached it and accepted its draft; n_drafted rows were drafted (a chain's n, a tree's nodes).
-void BatchEngine::record_drafted_step(Slot & s, int depth, int n_drafted, int k) {
-    SlotStats & st = s.request.stats;
-    st.n_spec_steps += 1;
-    for (int j = 0; j < depth && j <= k; ++j) {
-        st.drafted[static_cast<size_t>(j)] += 1;  // the verify reached position j+1
-        st.accepted[static_cast<size_t>(j)] += j < k ? 1 : 0;
-    }
-    stats_.n_drafts += 1;
-    stats_.n_draft_tokens += n_drafted;
-    stats_.n_accepted += k;
-    for (int j = 0; j < k; ++j) {
-        stats_.accepted_per_pos[static_cast<size_t>(j)] += 1;
-    }
-}
-
 // The step ledger (step_ledger.h): every part's seconds, the steps and their rows; and the phases
 // the ledger's parts make (sums of parts: the same figures the engine reported before the ledger).
 void BatchEngine::write_ledger(JsonWriter & w) const {
-    const StepLedger & l = stats_.ledger;
+    const StepLedger & l = stats_.engine().ledger;
     const auto sec = [&](std::initializer_list<Part> parts) {
         double t = 0.0;
         for (const Part p : parts) t += l.seconds(p);
@@ -110,8 +93,8 @@ void BatchEngine::write_context_stats(JsonWriter & w) const {
     w.field("lattice_accepted", lattice.accepted);
     w.field("context_nodes", context.nodes);
     w.field("context_accepted", context.accepted);
-    w.field("context_steps", stats_.n_context_steps);
-    w.field("propose_skipped", stats_.n_propose_skipped);
+    w.field("context_steps", stats_.engine().n_context_steps);
+    w.field("propose_skipped", stats_.engine().n_propose_skipped);
     w.key("context_accepted_per_depth").begin_array();
     for (const int64_t x : context_per_depth) w.value(x);
     w.end_array();
@@ -126,9 +109,9 @@ std::string BatchEngine::stats_json() const {
     w.begin_object();
     w.field("n_slots", static_cast<int64_t>(slots_.size()));
     w.field("max_draft", max_draft_);
-    w.field("n_steps", stats_.n_steps);
-    w.field("n_rows", stats_.n_rows);
-    w.field("n_filler_rows", stats_.n_filler_rows);
+    w.field("n_steps", stats_.engine().n_steps);
+    w.field("n_rows", stats_.engine().n_rows);
+    w.field("n_filler_rows", stats_.engine().n_filler_rows);
     w.field("lazy_head_rows", target_.lazy_head_rows());  // verify rows whose LM head ran (lazily)
     // whether verify decodes stop before the LM head (and why not, once tried and refused)
     w.field("lazy_head", head_capture_ != nullptr && (feed_drafters_ || opts_.context_nodes > 0) &&
@@ -136,18 +119,18 @@ std::string BatchEngine::stats_json() const {
     if (!target_.lazy_head_error().empty()) {
         w.field("lazy_head_error", target_.lazy_head_error());
     }
-    w.field("n_prompt", stats_.n_prompt);
-    w.field("n_prompt_reused", stats_.n_prompt_reused);
-    w.field("n_generated", stats_.n_generated);
-    w.field("n_drafts", stats_.n_drafts);
-    w.field("n_draft_tokens", stats_.n_draft_tokens);
-    w.field("n_accepted", stats_.n_accepted);
-    w.field("unfed_steps", stats_.n_unfed_steps);  // plain steps that skipped the drafter's features
+    w.field("n_prompt", stats_.engine().n_prompt);
+    w.field("n_prompt_reused", stats_.engine().n_prompt_reused);
+    w.field("n_generated", stats_.engine().n_generated);
+    w.field("n_drafts", stats_.engine().n_drafts);
+    w.field("n_draft_tokens", stats_.engine().n_draft_tokens);
+    w.field("n_accepted", stats_.engine().n_accepted);
+    w.field("unfed_steps", stats_.engine().n_unfed_steps);  // plain steps that skipped the drafter's features
     w.field("plain_s", costs_.plain_s);
     write_ledger(w);
-    w.field("drafter_graph_builds", stats_.n_graph_builds);
+    w.field("drafter_graph_builds", stats_.engine().n_graph_builds);
     w.key("accepted_per_position").begin_array();
-    for (const int64_t x : stats_.accepted_per_pos) w.value(x);
+    for (const int64_t x : stats_.engine().accepted_per_pos) w.value(x);
     w.end_array();
     if (opts_.context_nodes > 0) {
         write_context_stats(w);

@@ -124,7 +124,7 @@ void BatchEngine::plan_context(StepPlan & plan) {
         if (opts_.tree_budget > 0 && !opts_.tree_auto) nodes = std::min(nodes, opts_.tree_budget);  // a fixed budget
         if (depth <= 0 || nodes <= 0) continue;
         const std::vector<double> e = [&] {
-            const StepLedger::Scope offers(stats_.ledger, Part::Offers);
+            const StepLedger::Scope offers(stats_.ledger(), Part::Offers);
             return s.drafting.sources.merged().expected_accepted(depth, nodes, kContextBranches);
         }();
         if (e.size() <= 1) continue;  // no match: the drafter's plan
@@ -222,16 +222,16 @@ void BatchEngine::draft(Slot & s, const SlotPlan & p) {
     if (p.n_drafts <= 0) {
         return;
     }
-    const StepLedger::Scope select(stats_.ledger, Part::Select);  // the source's own timers split it
+    const StepLedger::Scope select(stats_.ledger(), Part::Select);  // the source's own timers split it
     s.drafting.sources.lattice()->draft(draft_request(s, p.n_drafts, p.tree_budget), block);
     record_draft_times(block);
 }
 
 // A drafted block's timers in the ledger (graph setup, propose); the rest of drafting is selection.
 void BatchEngine::record_draft_times(const DraftBlock & block) {
-    stats_.ledger.add(Part::GraphSetup, block.graph_setup_s);
-    stats_.ledger.add(Part::Propose, block.propose_s);
-    stats_.n_graph_builds += block.n_graph_builds;
+    stats_.ledger().add(Part::GraphSetup, block.graph_setup_s);
+    stats_.ledger().add(Part::Propose, block.propose_s);
+    stats_.graph_builds(block.n_graph_builds);
 }
 
 // A merged tree (merged_draft_source.h): the candidate sources' offers alone (Source::Context: no
@@ -246,16 +246,12 @@ void BatchEngine::draft_merged(Slot & s, const SlotPlan & p) {
     req.max_leaves = lattice ? tree_branches_ : kContextBranches;
     const std::vector<double> chain_acceptance = lattice ? s.drafting.policy.acceptance() : std::vector<double>{};
     req.chain_acceptance = &chain_acceptance;
-    const StepLedger::Scope select(stats_.ledger, Part::Select);  // the source's own timers split it
+    const StepLedger::Scope select(stats_.ledger(), Part::Select);  // the source's own timers split it
     s.drafting.sources.merged().draft(req, block);
     truncate_block(block, context_prefix(block));
     record_draft_times(block);
     if (!block.tokens.empty()) {
-        const int skipped = !lattice && s.drafting.drafter != nullptr ? 1 : 0;
-        s.request.stats.n_context_steps += 1;
-        s.request.stats.n_propose_skipped += skipped;
-        stats_.n_context_steps += 1;
-        stats_.n_propose_skipped += skipped;
+        stats_.merged_step(s.request.stats, /*propose_skipped =*/!lattice && s.drafting.drafter != nullptr);
     }
 }
 

@@ -1,0 +1,79 @@
+// The engine's counters, in one owner: the engine-wide BatchStats (the server turns them into
+// metrics), each request's SlotStats, and the step ledger (step_ledger.h). The planner, the batch
+// builder and the commits report what happened through these methods; nothing else writes the
+// counters (the draft sources keep their own: draft_source.h).
+#pragma once
+
+#include "engine/step_ledger.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace pdf2 {
+
+// One request's counters on its slot (reset by start()).
+struct SlotStats {
+    int64_t n_prompt = 0;
+    int64_t n_reused = 0;       // prompt rows the slot already held
+    int64_t n_generated = 0;    // tokens committed, the first (from prefill) included
+    int64_t n_steps = 0;        // target decodes after prefill that carried this slot's rows
+    int64_t n_spec_steps = 0;   // ... of which verified a drafted block
+    int64_t n_tree_steps = 0;   // ... as a tree
+    std::vector<int64_t> drafted;     // per block position 1..max_draft: blocks that reached it
+    std::vector<int64_t> accepted;    // ... and accepted its draft
+    std::vector<int64_t> n_max_used;  // histogram of drafts per step over 0..max_draft
+    // (drafted nodes by source: each source's own counters, draft_sources.h)
+    int64_t n_context_steps = 0;    // steps that verified a merged or candidates-only tree
+    int64_t n_propose_skipped = 0;  // ... of which without the drafter's propose (candidates alone)
+};
+
+// Engine-wide counters since creation (the server turns them into metrics).
+struct BatchStats {
+    int64_t n_steps = 0;         // target decodes
+    int64_t n_rows = 0;          // batch rows in them (filler rows included)
+    int64_t n_filler_rows = 0;   // rows decoded only to keep a verify batch one ubatch (add_filler_rows)
+    int64_t n_prompt = 0;        // prompt tokens prefilled
+    int64_t n_prompt_reused = 0; // prompt tokens whose K/V a slot already held
+    int64_t n_generated = 0;     // tokens committed (first tokens included)
+    int64_t n_drafts = 0;        // drafted blocks verified
+    int64_t n_draft_tokens = 0;  // drafted tokens verified
+    int64_t n_accepted = 0;      // ... of which accepted
+    std::vector<int64_t> accepted_per_pos;  // accepted at block position (tree depth) 1..step width
+    int64_t n_context_steps = 0, n_propose_skipped = 0;  // as SlotStats
+    int64_t n_unfed_steps = 0;  // plain decodes that skipped the drafter's features (StepCosts::starve_plain)
+    StepLedger ledger;  // where the steps' time went (step_ledger.h)
+    int64_t n_graph_builds = 0;
+};
+
+class StatsRecorder {
+  public:
+    const BatchStats & engine() const { return stats_; }
+    StepLedger & ledger() { return stats_.ledger; }
+    void set_step_width(int width) { stats_.accepted_per_pos.assign(static_cast<size_t>(width), 0); }
+    // measuring costs is no request's work: its counters are put back after
+    BatchStats save() const { return stats_; }
+    void restore(const BatchStats & saved) { stats_ = saved; }
+
+    // a request starts on a slot (n_reused of its prompt rows held already)
+    void start(SlotStats & st, int64_t n_prompt, int64_t n_reused, int step_width, int max_draft);
+    void decoded(int rows) {  // a target decode
+        stats_.n_steps += 1;
+        stats_.n_rows += rows;
+    }
+    void filler_rows(int n) { stats_.n_filler_rows += n; }
+    void unfed_step() { stats_.n_unfed_steps += 1; }
+    void prefilled(int rows) { stats_.n_prompt += rows; }
+    void graph_builds(int64_t n) { stats_.n_graph_builds += n; }
+    // n tokens committed for the request; verify: by a verify step (not a prompt's first token)
+    void committed(SlotStats & st, int n, bool verify);
+    // a verified step of n_drafted rows (a chain's drafts, a tree's nodes), depth deep, k accepted;
+    // the block's size in the draft-length histogram
+    void drafted(SlotStats & st, int depth, int n_drafted, int k);
+    void block(SlotStats & st, int n, bool tree);
+    void merged_step(SlotStats & st, bool propose_skipped);  // a merged or candidates-only tree drafted
+
+  private:
+    BatchStats stats_;
+};
+
+}  // namespace pdf2
