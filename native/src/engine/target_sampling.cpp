@@ -180,6 +180,9 @@ TargetSampler::TargetSampler(const SamplingParams & params, const llama_vocab * 
         llama_sampler_chain_add(tail_, llama_sampler_init_top_p(params_.top_p, min_keep));
         llama_sampler_chain_add(tail_, llama_sampler_init_min_p(params_.min_p, min_keep));
         llama_sampler_chain_add(tail_, llama_sampler_init_temp(params_.temperature));
+        // top-k <= 0, typical and top-p >= 1, min-p <= 0: llama.cpp's samplers return at once
+        temperature_only_ = shaping_ == nullptr && grammar_ == nullptr && params_.top_k <= 0 &&
+                            params_.typical_p >= 1.0f && params_.top_p >= 1.0f && params_.min_p <= 0.0f;
     }
     guard.done = true;
 }
@@ -248,6 +251,10 @@ llama_token TargetSampler::greedy(const float * logits) {
 }
 
 void TargetSampler::distribution(const float * logits, SparseDist & out) {
+    if (temperature_only_) {
+        temperature_distribution(logits, out);
+        return;
+    }
     shape(logits);
     llama_token_data_array arr{cur_.data(), cur_.size(), -1, false};
     if (grammar_ != nullptr) {
@@ -277,6 +284,37 @@ void TargetSampler::distribution(const float * logits, SparseDist & out) {
     for (float & p : out.probs) {
         p = static_cast<float>(p / sum);
     }
+}
+
+// The chain's law when it is the temperature alone: each logit divided by the temperature in float
+// (llama.cpp's temperature sampler), then the softmax as distribution() computes it, in one pass
+// over the logits instead of a copy of the vocabulary through the sampler chain.
+void TargetSampler::temperature_distribution(const float * logits, SparseDist & out) {
+    const float t = params_.temperature;
+    const auto n = static_cast<size_t>(n_vocab_);
+    out.ids.resize(n);
+    out.probs.resize(n);
+    float max_logit = -INFINITY;
+    size_t k = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const float l = logits[i] / t;
+        if (l == -INFINITY) continue;  // as the chain's: a token it rules out is not in the law
+        out.ids[k] = static_cast<llama_token>(i);
+        out.probs[k++] = l;
+        max_logit = std::max(max_logit, l);
+    }
+    out.ids.resize(k);
+    out.probs.resize(k);
+    if (k == 0) {
+        throw Error("the sampler chain leaves no token (the grammar or logit_bias masks every candidate)");
+    }
+    double sum = 0.0;
+    for (float & p : out.probs) {
+        const double e = std::exp(static_cast<double>(p) - max_logit);
+        p = static_cast<float>(e);
+        sum += e;
+    }
+    for (float & p : out.probs) p = static_cast<float>(p / sum);
 }
 
 SamplerPtr TargetSampler::grammar_copy() const {

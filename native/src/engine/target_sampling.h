@@ -107,6 +107,7 @@ class TargetSampler {
   private:
     void free_samplers();
     void shape(const float * logits);  // cur_ = the logits after bias and penalties (id order kept)
+    void temperature_distribution(const float * logits, SparseDist & out);
 
     SamplingParams params_;
     const llama_vocab * vocab_;
@@ -115,6 +116,9 @@ class TargetSampler {
     llama_sampler * shaping_ = nullptr;  // logit bias, penalties (null: neither)
     llama_sampler * grammar_ = nullptr;
     llama_sampler * tail_ = nullptr;     // top-k .. temperature (temperature > 0)
+    // the chain is the temperature alone (no bias, penalties, grammar or truncation): distribution()
+    // then scales the raw logits as llama.cpp's temperature sampler does, without the copy through it
+    bool temperature_only_ = false;
     std::vector<llama_token_data> cur_;
     SparseDist dist_;  // sample()'s distribution
     std::mt19937_64 rng_;
