@@ -508,6 +508,32 @@ def test_slot_fault_fails_only_that_slot(fault_server: ServerProcess, fault_trig
     assert health(server).json()["status"] == "ok"
 
 
+def test_agent_streams_end_with_their_error_events_on_a_fault(fault_server: ServerProcess,
+                                                              fault_trigger: Path) -> None:
+    """A fault mid-stream ends an Anthropic stream with its `error` event and a Responses stream with
+    `error` then `response.failed` (the status went out with the first event)."""
+    server = fault_server
+    with ThreadPoolExecutor(2) as pool:
+        def stream(path: str, body: dict) -> list[dict]:
+            with httpx.stream("POST", server.url + path, headers=AUTH, timeout=60,
+                              json={**body, "stream": True}) as s:
+                assert s.status_code == 200
+                return [json.loads(line[5:]) for line in s.iter_lines() if line.startswith("data:")]
+
+        messages = pool.submit(stream, "/v1/messages", {"messages": [{"role": "user", "content": "Once upon a"}],
+                                                        "max_tokens": N_CTX - 64})
+        responses = pool.submit(stream, "/v1/responses", {"input": "The answer is", "max_output_tokens": N_CTX - 64})
+        wait_until(lambda: sum(s["state"] == "generating" for s in httpx.get(
+            server.url + "/slots", headers=AUTH, timeout=10).json()) == 2, what="two busy slots")
+        fire(fault_trigger, "step")
+        m, r = messages.result(), responses.result()
+    assert m[0]["type"] == "message_start" and m[-1]["type"] == "error", m[-3:]
+    assert m[-1]["error"]["type"] == "api_error" and "engine fault" in m[-1]["error"]["message"]
+    assert r[0]["type"] == "response.created" and [e["type"] for e in r[-2:]] == ["error", "response.failed"]
+    assert "engine fault" in r[-2]["message"] and r[-1]["response"]["status"] == "failed"
+    wait_until(lambda: health(server).json()["status"] == "ok", what="ok again")
+
+
 def test_stall_watchdog_turns_health_503(server: ServerProcess, trigger: Path) -> None:
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(post, server, {"prompt": "Hello", "max_tokens": 8, "temperature": 0})
