@@ -164,6 +164,17 @@ def test_messages_tool_call_streams_input_json_that_joins_to_the_input(claude: a
     assert json.loads("".join(pieces)) == streamed.input == use.input
     assert final.stop_reason == "tool_use"
 
+    # "any" (a call required) with disable_parallel_tool_use: exactly one call
+    one = claude.messages.create(**{**kw, "tool_choice": {"type": "any", "disable_parallel_tool_use": True}})
+    assert [b.type for b in one.content] == ["tool_use"] and one.stop_reason == "tool_use"
+    jsonschema.validate(one.content[0].input, PARAMS)
+    # structured output (output_config.format: the response_format grammar path); extra_body, as SDKs
+    # before 2.x have no output_config argument
+    shaped = claude.messages.create(model="x", max_tokens=64, messages=[{"role": "user", "content": QUESTION}],
+                                    extra_body={"output_config": {"format": {"type": "json_schema", "schema": PARAMS}}})
+    assert shaped.stop_reason == "end_turn"
+    jsonschema.validate(json.loads(shaped.content[0].text), PARAMS)
+
 
 def test_tool_result_follow_up_turn(claude: anthropic.Anthropic, oai: openai.OpenAI, server: ServerProcess) -> None:
     messages = [{"role": "user", "content": QUESTION},
@@ -366,3 +377,56 @@ def test_the_three_apis_give_the_same_greedy_tokens(claude: anthropic.Anthropic,
                                                                         "tool_use_id": "call_1",
                                                                         "content": RESULT}]}]) as s:
         assert s.get_final_message().content[0].text == text
+
+
+# ---------------------------------------------------------------- SmolLM2 (slow tier)
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+WEATHER_INPUT = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                                  "unit": {"enum": ["C", "F"]}}, "required": ["city", "unit"]}
+
+
+@pytest.fixture(scope="module")
+def smollm2_server(workdir: Path):
+    try:
+        target = testing.default_target()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    s = ServerProcess(["--model", str(target), "--parallel", "1", "--n-ctx", "2048", "--threads", "1"], workdir)
+    yield s
+    s.stop()
+
+
+@needs_grammar
+def test_smollm2_agent_apis(smollm2_server: ServerProcess) -> None:
+    """SmolLM2 and its shipped drafter (a template without a tool format: the generic format): the three
+    APIs agree on a greedy answer, a forced call streams to an input that validates, a schema holds."""
+    url = smollm2_server.url
+    claude = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=600)
+    oai = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
+    chat = oai.chat.completions.create(model="x", max_tokens=24, temperature=0, messages=[
+        {"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}])
+    msg = claude.messages.create(model="x", max_tokens=24, **GREEDY, system=SYSTEM,
+                                 messages=[{"role": "user", "content": QUESTION}])
+    resp = oai.responses.create(model="x", max_output_tokens=24, temperature=0, instructions=SYSTEM, input=QUESTION)
+    assert chat.choices[0].message.content == msg.content[0].text == resp.output_text
+    assert chat.usage.completion_tokens == msg.usage.output_tokens == resp.usage.output_tokens
+
+    tool = {"name": "get_weather", "description": "Current weather in a city", "input_schema": WEATHER_INPUT}
+    pieces = []
+    with claude.messages.stream(model="x", max_tokens=100, **GREEDY, tools=[tool],
+                                tool_choice={"type": "tool", "name": "get_weather"},
+                                messages=[{"role": "user", "content": QUESTION}]) as stream:
+        for event in stream:
+            if event.type == "content_block_delta" and event.delta.type == "input_json_delta":
+                pieces.append(event.delta.partial_json)
+        final = stream.get_final_message()
+    (use,) = [b for b in final.content if b.type == "tool_use"]
+    assert final.stop_reason == "tool_use" and json.loads("".join(pieces)) == use.input
+    jsonschema.validate(use.input, WEATHER_INPUT)
+
+    r = oai.responses.create(model="x", input="Describe a pirate as JSON.", max_output_tokens=200, temperature=0.7,
+                             text={"format": {"type": "json_schema", "name": "person", "schema": PERSON}})
+    assert r.status == "completed", r.output_text
+    jsonschema.validate(json.loads(r.output_text), PERSON)
