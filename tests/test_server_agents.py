@@ -264,8 +264,7 @@ def test_responses_function_call_and_its_output(oai: openai.OpenAI) -> None:
     follow = oai.responses.create(model="x", instructions=SYSTEM, tools=[RESPONSES_TOOL], max_output_tokens=6,
                                   temperature=0, input=[
                                       {"role": "user", "content": QUESTION},
-                                      {"type": "function_call", "call_id": call.call_id, "name": "w",
-                                       "arguments": call.arguments},
+                                      *[o.model_dump(exclude_none=True) for o in r.output],  # as agents resend it
                                       {"type": "function_call_output", "call_id": call.call_id, "output": RESULT}])
     assert follow.status in ("completed", "incomplete") and follow.usage.input_tokens > r.usage.input_tokens
     assert follow.status == ("incomplete" if follow.usage.output_tokens == 6 else "completed")

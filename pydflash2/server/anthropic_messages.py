@@ -56,23 +56,23 @@ def error_body(status: int, message: str) -> dict[str, Any]:
 # ---------------------------------------------------------------- the request
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # cache_control, citations, ... : nothing to do here
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # cache_control, citations, ...: nothing to do here
 
 
-class TextBlock(_Strict):
+class TextBlock(_Lenient):
     type: Literal["text"]
     text: str
 
 
-class ToolUseBlock(_Strict):
+class ToolUseBlock(_Lenient):
     type: Literal["tool_use"]
     id: str
     name: str = Field(..., min_length=1)
     input: dict[str, Any] = Field(default_factory=dict)
 
 
-class ToolResultBlock(_Strict):
+class ToolResultBlock(_Lenient):
     type: Literal["tool_result"]
     tool_use_id: str
     content: list[TextBlock] = Field(default_factory=list)  # a string: one text block
@@ -87,7 +87,7 @@ class ToolResultBlock(_Strict):
         return schemas.PART_SEPARATOR.join(b.text for b in self.content)
 
 
-class IgnoredBlock(_Strict):
+class IgnoredBlock(_Lenient):
     type: Literal["thinking", "redacted_thinking"]
 
 
@@ -124,7 +124,7 @@ def _check_blocks(v: Any, allowed: tuple[str, ...]) -> Any:
     return v
 
 
-class Message(_Strict):
+class Message(_Lenient):
     role: Literal["user", "assistant"]
     content: list[Block]  # a string: one text block
 
@@ -145,7 +145,7 @@ class Message(_Strict):
         return blocks
 
 
-class ToolDef(_Strict):
+class ToolDef(_Lenient):
     name: str = Field(..., min_length=1, max_length=64)
     description: str | None = None
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
@@ -161,7 +161,7 @@ class ToolDef(_Strict):
         return v
 
 
-class ToolChoice(_Strict):
+class ToolChoice(_Lenient):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool = False
@@ -173,16 +173,16 @@ class ToolChoice(_Strict):
         return self
 
 
-class OutputFormat(_Strict):
+class OutputFormat(_Lenient):
     type: Literal["json_schema"]
     schema_: dict[str, Any] = Field(..., alias="schema")
 
 
-class OutputConfig(_Strict):
+class OutputConfig(_Lenient):
     format: OutputFormat | None = None  # structured output; `effort` means nothing here
 
 
-class _Conversation(_Strict):
+class _Conversation(_Lenient):
     """What /v1/messages and /v1/messages/count_tokens share."""
 
     model: str | None = None
