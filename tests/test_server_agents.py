@@ -74,6 +74,11 @@ def post(server: ServerProcess, path: str, body: object) -> httpx.Response:
     return httpx.post(server.url + path, json=body, timeout=120)
 
 
+def metric(server: ServerProcess, name: str) -> float:
+    line = next(x for x in httpx.get(server.url + "/metrics", timeout=10).text.splitlines() if x.startswith(name + " "))
+    return float(line.split()[-1])
+
+
 def sse_events(server: ServerProcess, path: str, body: dict) -> list[tuple[str, dict]]:
     """(event name, data) of a stream, as sent."""
     out, name = [], None
@@ -341,6 +346,7 @@ def test_the_three_apis_give_the_same_greedy_tokens(claude: anthropic.Anthropic,
     """One conversation (a system prompt, a question, a tool call and its result, tools offered) through
     chat completions, Messages and Responses: the same prompt tokens and the same greedy answer."""
     args = '{"u": "C"}'
+    generated = metric(server, "pydflash2:generation_tokens_total")
     chat = oai.chat.completions.create(model="x", max_tokens=16, temperature=0, tools=[CHAT_TOOL], messages=[
         {"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION},
         {"role": "assistant", "content": None, "tool_calls": [
@@ -367,6 +373,7 @@ def test_the_three_apis_give_the_same_greedy_tokens(claude: anthropic.Anthropic,
     prompt = chat.usage.prompt_tokens
     assert msg.usage.input_tokens + msg.usage.cache_read_input_tokens == resp.usage.input_tokens == prompt
     assert msg.model_extra["timings"]["predicted_n"] == resp.model_extra["timings"]["predicted_n"] == len(tokens)
+    assert metric(server, "pydflash2:generation_tokens_total") == generated + 3 * len(tokens)  # the same metrics
     # and streamed
     with claude.messages.stream(model="x", max_tokens=16, **GREEDY, system=SYSTEM, tools=[ANTHROPIC_TOOL],
                                 messages=[{"role": "user", "content": QUESTION},
@@ -429,3 +436,72 @@ def test_smollm2_agent_apis(smollm2_server: ServerProcess) -> None:
                              text={"format": {"type": "json_schema", "name": "person", "schema": PERSON}})
     assert r.status == "completed", r.output_text
     jsonschema.validate(json.loads(r.output_text), PERSON)
+
+
+# ---------------------------------------------------------------- the translations, without a server
+
+
+def test_messages_translate_to_the_chat_conversation() -> None:
+    from pydflash2.server.anthropic_messages import MessagesRequest
+
+    body = MessagesRequest.model_validate({
+        "max_tokens": 4, "system": [{"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}},
+                                    {"type": "text", "text": "b"}],
+        "messages": [{"role": "user", "content": "q"},
+                     {"role": "assistant", "content": [{"type": "thinking", "thinking": "...", "signature": "s"},
+                                                       {"type": "text", "text": "t"},
+                                                       {"type": "tool_use", "id": "u1", "name": "w",
+                                                        "input": {"u": "C"}},
+                                                       {"type": "tool_use", "id": "u2", "name": "w", "input": {}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "u1", "content": "r1"},
+                                                  {"type": "tool_result", "tool_use_id": "u2", "is_error": True,
+                                                   "content": [{"type": "text", "text": "x"},
+                                                               {"type": "text", "text": "y"}]},
+                                                  {"type": "text", "text": "next"}]}],
+        "tools": [ANTHROPIC_TOOL], "tool_choice": {"type": "tool", "name": "w", "disable_parallel_tool_use": True},
+        "stop_sequences": ["END"], "top_k": 5})
+    chat = body.chat_body()
+    assert chat["messages"] == [
+        {"role": "system", "content": "a\nb"}, {"role": "user", "content": [{"type": "text", "text": "q"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "t"}], "tool_calls": [
+            {"id": "u1", "type": "function", "function": {"name": "w", "arguments": '{"u": "C"}'}},
+            {"id": "u2", "type": "function", "function": {"name": "w", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "u1", "content": "r1"},
+        {"role": "tool", "tool_call_id": "u2", "content": "x\ny"},
+        {"role": "user", "content": [{"type": "text", "text": "next"}]}]
+    assert chat["tools"] == [CHAT_TOOL] and chat["parallel_tool_calls"] is False
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "w"}}
+    assert (chat["stop"], chat["top_k"], chat["max_tokens"]) == (["END"], 5, 4)
+
+
+def test_responses_translate_to_the_chat_conversation() -> None:
+    from pydflash2.server.responses_api import ResponsesRequest
+
+    body = ResponsesRequest.model_validate({
+        "instructions": "sys", "max_output_tokens": 9, "tools": [RESPONSES_TOOL], "tool_choice": "required",
+        "parallel_tool_calls": False, "text": {"format": {"type": "json_schema", "name": "n", "schema": PARAMS}},
+        "input": [{"role": "developer", "content": "dev"}, {"role": "user", "content": [
+                      {"type": "input_text", "text": "q1"}, {"type": "input_text", "text": "q2"}]},
+                  {"type": "reasoning", "id": "rs_1", "summary": []},
+                  {"type": "message", "role": "assistant", "id": "m1", "status": "completed",
+                   "content": [{"type": "output_text", "text": "t", "annotations": []}]},
+                  {"type": "function_call", "call_id": "c1", "name": "w", "arguments": '{"u": "F"}'},
+                  {"type": "function_call", "call_id": "c2", "name": "w", "arguments": "{}"},
+                  {"type": "function_call_output", "call_id": "c1", "output": "o1"},
+                  {"type": "function_call_output", "call_id": "c2", "output": "o2"},
+                  {"type": "function_call", "call_id": "c3", "name": "w", "arguments": "{}"}]})
+    chat = body.chat_body()
+    call = {"type": "function", "function": {"name": "w", "arguments": "{}"}}
+    assert chat["messages"] == [
+        {"role": "system", "content": "sys"}, {"role": "developer", "content": [{"type": "text", "text": "dev"}]},
+        {"role": "user", "content": [{"type": "text", "text": "q1"}, {"type": "text", "text": "q2"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "t"}], "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "w", "arguments": '{"u": "F"}'}},
+            {"id": "c2", **call}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "o1"},
+        {"role": "tool", "tool_call_id": "c2", "content": "o2"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c3", **call}]}]
+    assert chat["tools"] == [CHAT_TOOL] and chat["tool_choice"] == "required" and not chat["parallel_tool_calls"]
+    assert chat["max_tokens"] == 9
+    assert chat["response_format"] == {"type": "json_schema", "json_schema": {"name": "n", "schema": PARAMS,
+                                                                               "strict": None}}
