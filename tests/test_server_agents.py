@@ -503,5 +503,4 @@ def test_responses_translate_to_the_chat_conversation() -> None:
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c3", **call}]}]
     assert chat["tools"] == [CHAT_TOOL] and chat["tool_choice"] == "required" and not chat["parallel_tool_calls"]
     assert chat["max_tokens"] == 9
-    assert chat["response_format"] == {"type": "json_schema", "json_schema": {"name": "n", "schema": PARAMS,
-                                                                               "strict": None}}
+    assert chat["response_format"] == {"type": "json_schema", "json_schema": {"name": "n", "schema": PARAMS}}

@@ -271,7 +271,8 @@ class ResponsesRequest(_Lenient):
         fmt = self.text.format if self.text is not None else None
         if fmt is not None and fmt.type == "json_schema":
             body["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": fmt.name or "response", "schema": fmt.schema_, "strict": fmt.strict}}
+                "name": fmt.name or "response", "schema": fmt.schema_,
+                **({"strict": fmt.strict} if fmt.strict is not None else {})}}
         elif fmt is not None and fmt.type == "json_object":
             body["response_format"] = {"type": "json_object"}
         return body
