@@ -255,7 +255,7 @@ _RESPONSES = st.fixed_dictionaries({"input": _TEXT | st.lists(_PIECE | _A_MESSAG
         {"format": _PIECE})})
 
 
-@_FUZZ
+@settings(_FUZZ, max_examples=100)
 @given(body=_MESSAGES | _JSON)
 def test_fuzz_messages_never_5xx(server: ServerProcess, body: object) -> None:
     _no_5xx(server, "/v1/messages", body)
@@ -267,7 +267,7 @@ def test_fuzz_count_tokens_never_5xx(server: ServerProcess, body: object) -> Non
     _no_5xx(server, "/v1/messages/count_tokens", body)
 
 
-@_FUZZ
+@settings(_FUZZ, max_examples=100)
 @given(body=_RESPONSES | _JSON)
 def test_fuzz_responses_never_5xx(server: ServerProcess, body: object) -> None:
     _no_5xx(server, "/v1/responses", body, bound="max_output_tokens")

@@ -1,7 +1,9 @@
-"""The FastAPI application: OpenAI-compatible endpoints over the Scheduler.
+"""The FastAPI application: OpenAI-compatible endpoints over the Scheduler, and
+Anthropic's Messages and OpenAI's Responses API translated onto the chat path.
 
 Every bad request gets an OpenAI-style error body ({"error": {message, type,
-param, code}}) and a 4xx; the server keeps serving. Bodies are read and
+param, code}}; Anthropic's {"type": "error", "error": {type, message}} on
+/v1/messages) and a 4xx; the server keeps serving. Bodies are read and
 checked here by hand (content type, size, JSON, fields) so that each failure
 has its own clear status and message.
 """
