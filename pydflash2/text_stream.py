@@ -19,6 +19,7 @@ class TextStream:
         self._pending = ""  # decoded, not yet released
         self.text = ""  # released so far
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text (the first in the text)
 
     def push(self, token: int) -> str:
         """Adds one token; returns the text that became safe to release."""
@@ -28,7 +29,9 @@ class TextStream:
         hits = [i for i in (self._pending.find(s) for s in self._stop) if i >= 0]
         if hits:
             self.stopped = True
-            return self._release(self._pending[: min(hits)])
+            at = min(hits)
+            self.matched = min((s for s in self._stop if self._pending.find(s) == at), key=len)
+            return self._release(self._pending[:at])
         if self._hold and len(self._pending) > self._hold:
             cut = len(self._pending) - self._hold
             out = self._pending[:cut]

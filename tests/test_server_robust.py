@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_process import ServerProcess, check_same_greedy, last_logits
 
-from pydflash2.server.auth import bind_warning, load_keys
+from pydflash2.server.auth import bind_warning, context_key, load_keys
 
 HOT = tuple(testing.FIRST_MERGED_ID + i for i in range(6))
 KEY = "sk-robust-0123456789"
@@ -203,16 +203,18 @@ _COMPLETION = _fields({"prompt": _TEXT | st.lists(st.integers(-5, 600) | _EDGE_I
 _CHAT = _fields({"messages": st.lists(_MESSAGE, max_size=3) | _JSON})
 
 
-def _no_5xx(server: ServerProcess, route: str, body: object) -> None:
-    if isinstance(body, dict) and "max_tokens" not in body:
+def _no_5xx(server: ServerProcess, route: str, body: object, bound: str = "max_tokens") -> None:
+    if isinstance(body, dict) and bound not in body:
         # a valid body without max_tokens would generate to the end of the context (then time out):
         # bounded, so that the fuzz spends its time on what it varies (other tests cover the default)
-        body = {**body, "max_tokens": 2}
+        body = {**body, bound: 2}
     # json.dumps writes NaN/Infinity literals and \\ud800 escapes: both must be refused as bad input
     r = post(server, json.dumps(body).encode(), route)
     assert r.status_code < 500, (route, body, r.status_code, r.text)
     if r.status_code >= 400:
         assert r.json()["error"]["message"]
+        if route.startswith("/v1/messages"):  # Anthropic's error shape
+            assert r.json()["type"] == "error" and r.json()["error"]["type"], r.text
 
 
 _FUZZ = settings(max_examples=150, deadline=None, database=None,
@@ -229,6 +231,86 @@ def test_fuzz_completions_never_5xx(server: ServerProcess, body: object) -> None
 @given(body=_CHAT | _JSON)
 def test_fuzz_chat_never_5xx(server: ServerProcess, body: object) -> None:
     _no_5xx(server, "/v1/chat/completions", body)
+
+
+# Anthropic's Messages and OpenAI's Responses (issue 45): their own fields, blocks and items
+_KINDS = st.sampled_from(["text", "tool_use", "tool_result", "image", "thinking", "document", "input_text",
+                          "output_text", "input_image", "message", "function_call", "function_call_output",
+                          "reasoning", "web_search_call", "function", "web_search", "custom", "auto", "any", "tool",
+                          "none", "required", "json_schema", "json_object"])
+_PIECE = st.fixed_dictionaries({"type": _KINDS | _JSON}, optional={
+    k: _TEXT | _JSON for k in ("text", "id", "name", "input", "tool_use_id", "content", "role", "call_id", "arguments",
+                               "output", "input_schema", "parameters", "schema", "format", "is_error")})
+_BLOCKS = _TEXT | st.lists(_PIECE, max_size=3) | _JSON
+_A_MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system"]) | _JSON,
+                                    "content": _BLOCKS})
+_MESSAGES = st.fixed_dictionaries({"messages": st.lists(_A_MESSAGE, max_size=3) | _JSON}, optional={
+    f: _JSON | _BLOCKS for f in ("model", "max_tokens", "system", "temperature", "top_p", "top_k", "stop_sequences",
+                                 "stream", "tools", "tool_choice", "metadata", "output_config")}
+    | {"tools": st.lists(_PIECE, max_size=2), "tool_choice": _PIECE})
+_RESPONSES = st.fixed_dictionaries({"input": _TEXT | st.lists(_PIECE | _A_MESSAGE, max_size=3) | _JSON}, optional={
+    f: _JSON | _BLOCKS for f in ("model", "instructions", "max_output_tokens", "temperature", "top_p", "stream",
+                                 "store", "metadata", "parallel_tool_calls", "previous_response_id", "background")}
+    | {"tools": st.lists(_PIECE, max_size=2), "tool_choice": _PIECE | _TEXT, "text": st.fixed_dictionaries(
+        {"format": _PIECE})})
+
+
+@settings(_FUZZ, max_examples=100)
+@given(body=_MESSAGES | _JSON)
+def test_fuzz_messages_never_5xx(server: ServerProcess, body: object) -> None:
+    _no_5xx(server, "/v1/messages", body)
+
+
+@settings(_FUZZ, max_examples=50)
+@given(body=_MESSAGES | _JSON)
+def test_fuzz_count_tokens_never_5xx(server: ServerProcess, body: object) -> None:
+    _no_5xx(server, "/v1/messages/count_tokens", body)
+
+
+@settings(_FUZZ, max_examples=100)
+@given(body=_RESPONSES | _JSON)
+def test_fuzz_responses_never_5xx(server: ServerProcess, body: object) -> None:
+    _no_5xx(server, "/v1/responses", body, bound="max_output_tokens")
+
+
+def test_hostile_messages_and_responses_bodies(server: ServerProcess) -> None:
+    """What the hostile chat bodies do, through Anthropic's and the Responses API's fields: a 400 naming
+    the field (Anthropic's error shape on /v1/messages), and the server serves on."""
+    user = [{"role": "user", "content": "hi"}]
+    messages = [
+        ({"messages": [{"role": "user", "content": "a\ud800"}], "max_tokens": 2}, "messages.0.content"),
+        ({"messages": user, "max_tokens": 2, "system": "\udfff"}, "system"),
+        ({"messages": user, "max_tokens": 2**40}, "max_tokens"),
+        ({"messages": user, "max_tokens": 2, "top_k": 2**40}, "top_k"),
+        ({"messages": user, "max_tokens": 2, "temperature": 1e300}, "temperature"),
+        ({"messages": user, "max_tokens": 2, "tools": [{"name": "w", "input_schema": {"type": "object", "properties": {
+            "a": {"type": "string", "maxLength": 10**6}}}}], "tool_choice": {"type": "any"}}, "tools"),
+        (('{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stop_sequences": ' + DEEP
+          + "}").encode(), "stop_sequences"),
+    ]
+    for body, param in messages:
+        r = post(server, body, "/v1/messages")  # json.dumps writes the surrogates as \\ud800 escapes
+        assert r.status_code == 400, (body, r.text)
+        err = r.json()
+        assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error", err
+        assert param is None or err["error"]["message"].startswith(param), (param, err)
+    responses = [
+        ({"input": "a\ud800"}, "input"),
+        ({"input": "hi", "max_output_tokens": 2**40}, "max_output_tokens"),
+        ({"input": "hi", "temperature": 1e300}, "temperature"),
+        ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {
+            "type": "string", "maxLength": 10**6}}}}, "text.format"),
+        ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input.0.function_call.call_id"),
+        ({"input": []}, "input"),
+    ]
+    for body, param in responses:
+        r = post(server, body, "/v1/responses")
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["error"]["param"] == param, (param, r.text)
+    ok = post(server, {"messages": user, "max_tokens": 2}, "/v1/messages")
+    assert ok.status_code == 200 and ok.json()["type"] == "message", ok.text
+    ok = post(server, {"input": "hi", "max_output_tokens": 2}, "/v1/responses")
+    assert ok.status_code == 200 and ok.json()["object"] == "response", ok.text
 
 
 def test_fuzz_leaves_a_working_server(server: ServerProcess) -> None:
@@ -426,6 +508,32 @@ def test_slot_fault_fails_only_that_slot(fault_server: ServerProcess, fault_trig
     assert health(server).json()["status"] == "ok"
 
 
+def test_agent_streams_end_with_their_error_events_on_a_fault(fault_server: ServerProcess,
+                                                              fault_trigger: Path) -> None:
+    """A fault mid-stream ends an Anthropic stream with its `error` event and a Responses stream with
+    `error` then `response.failed` (the status went out with the first event)."""
+    server = fault_server
+    with ThreadPoolExecutor(2) as pool:
+        def stream(path: str, body: dict) -> list[dict]:
+            with httpx.stream("POST", server.url + path, headers=AUTH, timeout=60,
+                              json={**body, "stream": True}) as s:
+                assert s.status_code == 200
+                return [json.loads(line[5:]) for line in s.iter_lines() if line.startswith("data:")]
+
+        messages = pool.submit(stream, "/v1/messages", {"messages": [{"role": "user", "content": "Once upon a"}],
+                                                        "max_tokens": N_CTX - 64})
+        responses = pool.submit(stream, "/v1/responses", {"input": "The answer is", "max_output_tokens": N_CTX - 64})
+        wait_until(lambda: sum(s["state"] == "generating" for s in httpx.get(
+            server.url + "/slots", headers=AUTH, timeout=10).json()) == 2, what="two busy slots")
+        fire(fault_trigger, "step")
+        m, r = messages.result(), responses.result()
+    assert m[0]["type"] == "message_start" and m[-1]["type"] == "error", m[-3:]
+    assert m[-1]["error"]["type"] == "api_error" and "engine fault" in m[-1]["error"]["message"]
+    assert r[0]["type"] == "response.created" and [e["type"] for e in r[-2:]] == ["error", "response.failed"]
+    assert "engine fault" in r[-2]["message"] and r[-1]["response"]["status"] == "failed"
+    wait_until(lambda: health(server).json()["status"] == "ok", what="ok again")
+
+
 def test_stall_watchdog_turns_health_503(server: ServerProcess, trigger: Path) -> None:
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(post, server, {"prompt": "Hello", "max_tokens": 8, "temperature": 0})
@@ -508,6 +616,35 @@ def test_key_from_the_environment(server: ServerProcess) -> None:
     log = server.log_path.read_text()
     assert "auth failed: POST /v1/completions" in log
     assert KEY not in log and "nope" not in log
+
+
+def test_anthropic_clients_send_the_key_as_x_api_key(server: ServerProcess) -> None:
+    """Anthropic's SDK sends the key as x-api-key: accepted on every route, and the same key as a bearer
+    token is the same key (the same context-draft cache); a refusal in Anthropic's shape on /v1/messages."""
+    import anthropic
+
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for headers in ({"x-api-key": KEY, "anthropic-version": "2023-06-01"}, AUTH):
+        r = httpx.post(server.url + "/v1/messages", json=body, timeout=30, headers=headers)
+        assert r.status_code == 200, r.text
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30, headers={"x-api-key": KEY})
+    assert r.status_code == 200, r.text
+    for headers in ({}, {"x-api-key": "nope"}, {"Authorization": "Bearer nope", "x-api-key": KEY}):
+        r = httpx.post(server.url + "/v1/messages", json=body, timeout=30, headers=headers)
+        assert r.status_code == 401 and r.json() == {"type": "error", "error": {
+            "type": "authentication_error",
+            "message": "invalid or missing API key (Authorization: Bearer KEY, or x-api-key: KEY)"}}, r.text
+        r = httpx.post(server.url + "/v1/responses", json={"input": "hi"}, timeout=30, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert context_key(f"Bearer {KEY}") == context_key(None, KEY) == context_key("Basic x", KEY) != ""
+    assert context_key(None, None) == "" and context_key(f"Bearer {KEY}") != context_key(None, "other")
+    client = anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=60)
+    assert client.messages.create(model="x", max_tokens=2, messages=body["messages"]).usage.output_tokens >= 1
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=server.url, api_key="nope", max_retries=0).messages.count_tokens(
+            model="x", messages=body["messages"])
+    log = server.log_path.read_text()
+    assert "auth failed: POST /v1/messages" in log and KEY not in log
 
 
 def test_keys_from_a_file(models: dict[str, Path], workdir: Path) -> None:

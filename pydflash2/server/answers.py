@@ -14,7 +14,7 @@ from typing import Any
 from . import logprobs as logprob_shapes
 from . import schemas, tools
 from .scheduler import Finished, Logprobs
-from .steering import Steering
+from .steering import Steering, ToolPlan
 
 
 def sse(obj: dict[str, Any]) -> dict[str, str]:
@@ -29,7 +29,31 @@ def error_events(event: Finished) -> list[dict[str, str]]:
     error stands for (the HTTP status itself went out with the first chunk), then [DONE]."""
     kind = {400: "invalid_request_error", 503: "server_busy"}.get(event.status, "server_error")
     return [sse(schemas.error_body(event.error or "generation failed", kind)), DONE]
+
+
 Event = str | Logprobs | Finished
+
+
+def split(plan: ToolPlan | None, text: str) -> tuple[str, list[tools.ToolCall]]:
+    """A whole answer's content and tool calls (none without tools)."""
+    return tools.split_answer(plan.fmt, set(plan.names), text, plan.parallel) if plan else (text, [])
+
+
+async def items(events: AsyncIterator[Event], plan: ToolPlan | None) -> AsyncIterator[tools.Item | Finished]:
+    """A request's events as the answer's parts, for the shapes that stream text and tool calls
+    (Anthropic's and the Responses API's): text, calls (whole, or a CallStart and its ArgsPart pieces)
+    as the tool plan reads them, and last the Finished event (logprobs are not streamed there)."""
+    splitter = tools.ToolCallStream(plan.fmt, set(plan.names), plan.parallel) if plan else None
+    async for event in events:
+        if isinstance(event, Finished):
+            if event.finish_reason != "error" and splitter is not None:
+                for x in splitter.finish():
+                    yield x
+            yield event
+            return
+        if isinstance(event, str):
+            for x in splitter.push(event) if splitter is not None else [event]:
+                yield x
 
 
 @dataclass
@@ -67,9 +91,7 @@ class Answer:
         return self._extras(out, done)
 
     def chat(self, done: Finished) -> dict[str, Any]:
-        plan = self.steer.tool_plan
-        content, calls = (tools.split_answer(plan.fmt, set(plan.names), done.text, plan.parallel) if plan
-                          else (done.text, []))
+        content, calls = split(self.steer.tool_plan, done.text)
         out = schemas.chat_completion(self.rid, self.model, content, self._finish_reason(done, calls),
                                       self._usage(done), created=self.created, fingerprint=self.fingerprint)
         if calls:

@@ -1,7 +1,9 @@
-"""The FastAPI application: OpenAI-compatible endpoints over the Scheduler.
+"""The FastAPI application: OpenAI-compatible endpoints over the Scheduler, and
+Anthropic's Messages and OpenAI's Responses API translated onto the chat path.
 
 Every bad request gets an OpenAI-style error body ({"error": {message, type,
-param, code}}) and a 4xx; the server keeps serving. Bodies are read and
+param, code}}; Anthropic's {"type": "error", "error": {type, message}} on
+/v1/messages) and a 4xx; the server keeps serving. Bodies are read and
 checked here by hand (content type, size, JSON, fields) so that each failure
 has its own clear status and message.
 """
@@ -11,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -26,7 +29,7 @@ from .._engine import GenerationError
 from ..chat_template import ChatTemplate
 from ..grammar_limits import GrammarLimits
 from ..sampling import random_seed
-from . import schemas, steering
+from . import anthropic_messages, responses_api, schemas, steering
 from .answers import Answer
 from .auth import context_key, key_matches
 from .health import health as health_status
@@ -107,40 +110,39 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
     metrics = app.state.metrics = scheduler.metrics
 
     @app.exception_handler(ApiError)
-    async def _api_error(_: Request, e: ApiError) -> JSONResponse:
+    async def _api_error(request: Request, e: ApiError) -> JSONResponse:
         # 499 (client gone) and 5xx are counted by the scheduler, which saw them happen
         if e.status == 503:
             metrics.requests.labels(status="rejected").inc()
         elif 400 <= e.status < 499:
             metrics.requests.labels(status="invalid").inc()
-        return JSONResponse(schemas.error_body(e.message, e.type, e.param, e.code), status_code=e.status,
-                            headers=e.headers)
+        return _error_response(request, e.status, e.message, e.type, e.param, e.code, e.headers)
 
     # a dependency, not an HTTP middleware: Starlette's BaseHTTPMiddleware wraps
     # `receive`, and handlers then no longer see a client's disconnect
     async def require_key(request: Request) -> None:
         if not config.api_keys:
             return
-        given = request.headers.get("authorization")
-        if given is None or not key_matches(given, config.api_keys):
+        # Authorization: Bearer KEY (OpenAI's clients), or x-api-key: KEY (Anthropic's)
+        given, x_api_key = request.headers.get("authorization"), request.headers.get("x-api-key")
+        if not key_matches(given, config.api_keys, x_api_key):
             client = f"{request.client.host}:{request.client.port}" if request.client else "?"
             log.warning("auth failed: %s %s from %s (rid=%s): %s", request.method, request.url.path, client,
                         getattr(request.state, "request_id", "-"),
-                        "no Authorization header" if given is None else "key not accepted")
-            raise ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)",
+                        "no Authorization or x-api-key header" if given is None and x_api_key is None
+                        else "key not accepted")
+            raise ApiError(401, "invalid or missing API key (Authorization: Bearer KEY, or x-api-key: KEY)",
                            type_="authentication_error", code="invalid_api_key")
 
     protected = [Depends(require_key)]  # every route but /health
 
     @app.exception_handler(404)
     async def _not_found(request: Request, _: Exception) -> JSONResponse:
-        return JSONResponse(schemas.error_body(f"no route {request.method} {request.url.path}", code="not_found"),
-                            status_code=404)
+        return _error_response(request, 404, f"no route {request.method} {request.url.path}", code="not_found")
 
     @app.exception_handler(405)
     async def _bad_method(request: Request, _: Exception) -> JSONResponse:
-        return JSONResponse(schemas.error_body(f"method {request.method} not allowed on {request.url.path}"),
-                            status_code=405)
+        return _error_response(request, 405, f"method {request.method} not allowed on {request.url.path}")
 
     # HEAD too (load balancers and uptime checkers send it); the status says it all
     @app.api_route("/health", methods=["GET", "HEAD"])
@@ -223,17 +225,53 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
             return EventSourceResponse(answer.stream_completion(_events(scheduler, req)))
         return JSONResponse(answer.completion(await _wait(scheduler, request, req)))
 
+    async def start_chat(request: Request, body: schemas.ChatCompletionRequest) -> tuple[GenerationRequest,
+                                                                                          steering.Steering]:
+        """The one request path of chat completions, Anthropic's Messages and the Responses API."""
+        st = await offload(steer, body)
+        tokens = await offload(_chat_tokens, tokenizer, body)
+        return await _submit(scheduler, request, body, tokens, config, None, st, offload), st
+
     @app.post("/v1/chat/completions", dependencies=protected)
     @app.post("/chat/completions", dependencies=protected)
     async def chat_completions(request: Request) -> Response:
         body = await _read_body(request, schemas.ChatCompletionRequest, config)
-        st = await offload(steer, body)
-        tokens = await offload(_chat_tokens, tokenizer, body)
-        req = await _submit(scheduler, request, body, tokens, config, None, st, offload)
+        req, st = await start_chat(request, body)
         answer = Answer(schemas.new_id("chatcmpl"), config.model_id, body, st, tokenizer.piece, fingerprint)
         if body.stream:
             return EventSourceResponse(answer.stream_chat(_events(scheduler, req)))
         return JSONResponse(answer.chat(await _wait(scheduler, request, req)))
+
+    # Anthropic's Messages API and OpenAI's Responses API: their bodies translated into a chat-completions
+    # request, which takes the path above; errors the chat path raises name their own fields
+    @app.post("/v1/messages", dependencies=protected)
+    async def messages(request: Request) -> Response:
+        body = await _read_body(request, anthropic_messages.MessagesRequest, config)
+        with _renamed(anthropic_messages.PARAMS):
+            req, st = await start_chat(request, _as_chat(body.chat_body()))
+        answer = anthropic_messages.MessageAnswer(anthropic_messages.new_id("msg"), config.model_id, st.tool_plan,
+                                                  len(req.prompt_tokens))
+        if body.stream:
+            return EventSourceResponse(answer.stream(_events(scheduler, req)))
+        return JSONResponse(answer.message(await _wait(scheduler, request, req)))
+
+    @app.post("/v1/messages/count_tokens", dependencies=protected)
+    async def count_tokens(request: Request) -> Response:
+        body = await _read_body(request, anthropic_messages.CountTokensRequest, config)
+        with _renamed(anthropic_messages.PARAMS):
+            tokens = await offload(_chat_tokens, tokenizer, _as_chat(body.chat_body()))
+        return JSONResponse({"input_tokens": len(tokens)})
+
+    @app.post("/v1/responses", dependencies=protected)
+    @app.post("/responses", dependencies=protected)
+    async def responses(request: Request) -> Response:
+        body = await _read_body(request, responses_api.ResponsesRequest, config)
+        with _renamed(responses_api.PARAMS):
+            req, st = await start_chat(request, _as_chat(body.chat_body()))
+        answer = responses_api.ResponseAnswer(responses_api.new_id("resp"), config.model_id, body, st.tool_plan)
+        if body.stream:
+            return EventSourceResponse(answer.stream(_events(scheduler, req)))
+        return JSONResponse(answer.whole(await _wait(scheduler, request, req)))
 
     add_template_routes(app, protected, tokenizer,
                         read_body=lambda request, model: _read_body(request, model, config),
@@ -276,12 +314,53 @@ async def _read_body(request: Request, model: type[Body], config: ServerConfig) 
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        first = e.errors()[0]
-        param = ".".join(str(x) for x in first["loc"]) or None
-        msg = first["msg"]
-        if first["type"] == "missing":
-            msg = f"missing required field '{param}'"
-        raise ApiError(400, f"{param}: {msg}" if param and first["type"] != "missing" else msg, param=param) from None
+        raise _invalid(e) from None
+
+
+def _invalid(e: ValidationError) -> ApiError:
+    """A body's first validation error as a 400 naming the field."""
+    first = e.errors()[0]
+    param = ".".join(str(x) for x in first["loc"]) or None
+    msg = first["msg"]
+    if first["type"] == "missing":
+        msg = f"missing required field '{param}'"
+    return ApiError(400, f"{param}: {msg}" if param and first["type"] != "missing" else msg, param=param)
+
+
+def _error_response(request: Request, status: int, message: str, type_: str = "invalid_request_error",
+                    param: str | None = None, code: str | None = None,
+                    headers: dict[str, str] | None = None) -> JSONResponse:
+    """An error in the shape of the API the route belongs to: Anthropic's on /v1/messages, else OpenAI's."""
+    if anthropic_messages.is_route(request.url.path):
+        body = anthropic_messages.error_body(status, message)
+    else:
+        body = schemas.error_body(message, type_, param, code)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _as_chat(body: dict[str, Any]) -> schemas.ChatCompletionRequest:
+    """A translated body (Anthropic's, the Responses API's) as the chat-completions request it stands for."""
+    try:
+        return schemas.ChatCompletionRequest.model_validate(body)
+    except ValidationError as e:
+        raise _invalid(e) from None
+
+
+@contextmanager
+def _renamed(names: dict[str, str]) -> Iterator[None]:
+    """Errors of the chat path name the translated API's fields (max_tokens -> max_output_tokens...)."""
+    try:
+        yield
+    except ApiError as e:
+        if e.param is not None:
+            head = e.param.split(".")[0]
+            if head in names:
+                new = names[head]
+                rest = e.message[len(e.param):]
+                if e.message.startswith(e.param) and not rest[:1].isidentifier():  # "max_tokens (5000) exceeds..."
+                    e.message = new + rest
+                e.param = new
+        raise
 
 
 def _chat_tokens(tokenizer: Tokenizer, body: schemas.ChatCompletionRequest) -> list[int]:
@@ -327,7 +406,7 @@ async def _submit(scheduler: Scheduler, request: Request, body: schemas._Samplin
     arrival = _arrival(request)
     req.t_arrival = arrival
     req.request_id = getattr(request.state, "request_id", None)
-    req.context_key = context_key(request.headers.get("authorization", ""))
+    req.context_key = context_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
     if config.request_timeout_s:
         req.deadline = arrival + config.request_timeout_s
     if config.queue_timeout_s:

@@ -38,23 +38,37 @@ def load_keys(cli_keys: Iterable[str] = (), key_file: str | os.PathLike[str] | N
     return tuple(dict.fromkeys(keys))  # once each, in order
 
 
-def key_matches(authorization: str, keys: tuple[str, ...]) -> bool:
-    """Authorization: Bearer KEY against every key (no early exit: the time does not say which key was near)."""
-    scheme, _, given = authorization.partition(" ")
-    given_b = given.strip().encode("utf-8", "surrogateescape")
+def presented_key(authorization: str | None, x_api_key: str | None = None) -> str | None:
+    """The key a request presents: `Authorization: Bearer KEY` (OpenAI's SDK), else `x-api-key: KEY`
+    (Anthropic's SDK); None without either. An Authorization header of another scheme presents none."""
+    if authorization is not None:
+        scheme, _, given = authorization.partition(" ")
+        if scheme.lower() == "bearer" and given.strip():
+            return given.strip()
+    if x_api_key is not None and x_api_key.strip():
+        return x_api_key.strip()
+    return None
+
+
+def key_matches(authorization: str | None, keys: tuple[str, ...], x_api_key: str | None = None) -> bool:
+    """The presented key (presented_key) against every key (no early exit: the time does not say which
+    key was near)."""
+    given = presented_key(authorization, x_api_key)
+    given_b = (given or "").encode("utf-8", "surrogateescape")
     ok = False
     for key in keys:
         ok |= hmac.compare_digest(given_b, key.encode("utf-8"))
-    return ok and scheme.lower() == "bearer"
+    return ok and given is not None
 
 
-def context_key(authorization: str) -> str:
+def context_key(authorization: str | None, x_api_key: str | None = None) -> str:
     """Whose past outputs may draft for a request (the global context cache, pydflash2.context_drafts):
-    a digest of its bearer token, so that one key's outputs never draft for another; "" without one."""
-    scheme, _, given = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not given.strip():
+    a digest of its key, so that one key's outputs never draft for another (the same key sent as a
+    bearer token or as x-api-key is the same key); "" without one."""
+    given = presented_key(authorization, x_api_key)
+    if given is None:
         return ""
-    return hashlib.sha256(given.strip().encode("utf-8", "surrogateescape")).hexdigest()
+    return hashlib.sha256(given.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def is_loopback(host: str) -> bool:

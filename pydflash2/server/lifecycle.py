@@ -30,6 +30,7 @@ import uvicorn
 from sse_starlette.sse import AppStatus
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from . import anthropic_messages
 from .app import RETRY_AFTER_S
 from .scheduler import Scheduler
 from .schemas import error_body
@@ -87,7 +88,9 @@ class Lifecycle:
             body: dict[str, Any] = {"status": status}
         else:
             what = "the model is loading" if self.phase is Phase.LOADING else "the server is shutting down"
-            body = error_body(f"{what}; retry later", "server_unavailable", code=status)
+            body = (anthropic_messages.error_body(503, f"{what}; retry later")
+                    if anthropic_messages.is_route(scope["path"])
+                    else error_body(f"{what}; retry later", "server_unavailable", code=status))
         headers = [(b"content-type", b"application/json"), (b"retry-after", str(RETRY_AFTER_S).encode())]
         if self.phase is Phase.DRAINING:
             headers.append((b"connection", b"close"))

@@ -56,6 +56,7 @@ class Finished:
     logprobs: list[TokenLogprob] | None = None  # one per token in `tokens`, when asked for
     status: int = 500  # with finish_reason "error": the HTTP status it stands for
     tau: float | None = None  # tokens committed per target step once generating (None: none committed)
+    stop_sequence: str | None = None  # with finish_reason "stop": the stop string that ended it (None: end of turn)
 
 
 @dataclass
@@ -483,7 +484,7 @@ class Scheduler:
                           timings=timings(a.clock, time.perf_counter(), n, self._slot_stats(slot),
                                           self._engine_stats.get("ledger")),
                           logprobs=a.logprobs if "logprobs" in req.engine_options else None,
-                          status=status, tau=a.tau))
+                          status=status, tau=a.tau, stop_sequence=a.text.matched))
 
     def _slot_stats(self, slot: int) -> dict[str, Any] | None:
         """The engine's own counters of the slot's last request, where it keeps them."""

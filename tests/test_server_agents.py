@@ -1,0 +1,506 @@
+"""The APIs coding agents speak (issue 45), through a real server process on
+127.0.0.1 over the tiny tools target with a DFlash2 drafter, with the clients
+agents use: the `anthropic` SDK on `/v1/messages` (create, streams of text
+and of a tool call, a tool_result turn, count_tokens, errors in Anthropic's
+shape) and the `openai` SDK's `responses.create` / `responses.stream` on
+`/v1/responses` (function calls, JSON schemas, what is refused); and the
+same greedy conversation through chat completions, Messages and Responses
+giving the same tokens (one request path inside)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import anthropic
+import httpx
+import jsonschema
+import openai
+import pydantic
+import pydflash2_testing as testing
+import pytest
+from server_process import ServerProcess
+
+from pydflash2.server import steering
+from pydflash2.server.engine import BatchEngine
+
+HOT = tuple(testing.FIRST_MERGED_ID + i for i in range(6))
+ALIAS = "agent-model"
+GRAMMAR = "grammar" in steering.engine_features(BatchEngine)
+needs_grammar = pytest.mark.skipif(not GRAMMAR, reason="the engine has no grammar sampler (forced tool calls)")
+
+SYSTEM = "You are a terse weather bot."
+QUESTION = "What is the weather in Paris?"
+# a short call: a one-letter name and an enum (a random target writes strings up to their bound)
+PARAMS = {"type": "object", "properties": {"u": {"enum": ["C", "F"]}}, "required": ["u"]}
+CHAT_TOOL = {"type": "function", "function": {"name": "w", "description": "weather", "parameters": PARAMS}}
+ANTHROPIC_TOOL = {"name": "w", "description": "weather", "input_schema": PARAMS}
+RESPONSES_TOOL = {"type": "function", "name": "w", "description": "weather", "parameters": PARAMS}
+RESULT = "18 C and sunny"
+# the anthropic SDK's create() no longer takes sampling fields (Anthropic's newer models fix them); agents
+# and other clients still send them in the body, which this server reads
+GREEDY = {"extra_body": {"temperature": 0}}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("server-agents")
+
+
+@pytest.fixture(scope="module")
+def server(workdir: Path):
+    target = testing.make_target_gguf(workdir / "tools-target.gguf",
+                                      testing.TargetSpec(hot_tokens=HOT, chat_template=testing.TOOLS_TEMPLATE))
+    ckpt = testing.make_drafter_checkpoint(workdir / "v2-hf", target, testing.DrafterSpec(version=2))
+    draft = testing.checkpoint_to_gguf(ckpt, target, workdir / "v2.gguf")
+    s = ServerProcess(["--model", str(target), "--draft", str(draft), "--parallel", "2", "--n-ctx", "1024",
+                       "--n-max", "3", "--alias", ALIAS], workdir)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def claude(server: ServerProcess) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def oai(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def post(server: ServerProcess, path: str, body: object) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, timeout=120)
+
+
+def metric(server: ServerProcess, name: str) -> float:
+    line = next(x for x in httpx.get(server.url + "/metrics", timeout=10).text.splitlines() if x.startswith(name + " "))
+    return float(line.split()[-1])
+
+
+def sse_events(server: ServerProcess, path: str, body: dict) -> list[tuple[str, dict]]:
+    """(event name, data) of a stream, as sent."""
+    out, name = [], None
+    with httpx.stream("POST", server.url + path, json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("event:"):
+                name = line[6:].strip()
+            elif line.startswith("data:"):
+                out.append((name, json.loads(line[5:])))
+    return out
+
+
+# ---------------------------------------------------------------- Anthropic Messages
+
+
+def test_messages_create_and_its_stream(claude: anthropic.Anthropic, server: ServerProcess) -> None:
+    msg = claude.messages.create(model="claude-x", max_tokens=8, **GREEDY, system=SYSTEM,
+                                 messages=[{"role": "user", "content": QUESTION}])
+    assert msg.type == "message" and msg.role == "assistant" and msg.model == ALIAS and msg.id.startswith("msg_")
+    assert [b.type for b in msg.content] == ["text"] and msg.content[0].text
+    assert 1 <= msg.usage.output_tokens <= 8
+    assert msg.stop_reason == ("max_tokens" if msg.usage.output_tokens == 8 else "end_turn")
+    assert msg.model_extra["timings"]["predicted_n"] == msg.usage.output_tokens
+    count = claude.messages.count_tokens(model="claude-x", system=SYSTEM,
+                                         messages=[{"role": "user", "content": QUESTION}])
+    assert count.input_tokens == msg.usage.input_tokens + msg.usage.cache_read_input_tokens
+
+    with claude.messages.stream(model="claude-x", max_tokens=8, **GREEDY, system=SYSTEM,
+                                messages=[{"role": "user", "content": QUESTION}]) as stream:
+        pieces = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert pieces and "".join(pieces) == final.content[0].text == msg.content[0].text
+    assert final.stop_reason == msg.stop_reason and final.usage.output_tokens == msg.usage.output_tokens
+    assert final.usage.input_tokens + final.usage.cache_read_input_tokens == count.input_tokens
+
+    # the event sequence as Anthropic sends it
+    events = sse_events(server, "/v1/messages", {"max_tokens": 8, "temperature": 0, "system": SYSTEM,
+                                                 "messages": [{"role": "user", "content": QUESTION}]})
+    names = [n for n, _ in events]
+    assert all(d["type"] == n for n, d in events)
+    assert names[:3] == ["message_start", "ping", "content_block_start"] and names[-2:] == ["message_delta",
+                                                                                         "message_stop"]
+    assert set(names[3:-3]) <= {"content_block_delta"} and names[-3] == "content_block_stop"
+    start = events[0][1]["message"]
+    assert start["content"] == [] and start["stop_reason"] is None and start["usage"]["input_tokens"] > 0
+    delta = events[-2][1]
+    assert delta["delta"]["stop_reason"] == msg.stop_reason
+    assert delta["usage"]["output_tokens"] == msg.usage.output_tokens
+    assert "timings" in delta
+
+
+def test_stop_sequences(claude: anthropic.Anthropic) -> None:
+    kw = {"model": "x", **GREEDY, "system": SYSTEM, "messages": [{"role": "user", "content": QUESTION}]}
+    full = claude.messages.create(max_tokens=16, **kw).content[0].text
+    # two characters from the middle of the answer (no whitespace at their ends) as the stop sequence
+    k = next(i for i in range(len(full) // 2, len(full) - 1) if full[i:i + 2].strip() == full[i:i + 2])
+    word = full[k:k + 2]
+    at = full.index(word)
+    msg = claude.messages.create(max_tokens=16, stop_sequences=[word], **kw)
+    assert msg.content[0].text == full[:at]
+    assert (msg.stop_reason, msg.stop_sequence) == ("stop_sequence", word)
+    with claude.messages.stream(max_tokens=16, stop_sequences=[word], **kw) as s:
+        final = s.get_final_message()
+    assert (final.stop_reason, final.stop_sequence, final.content[0].text) == ("stop_sequence", word, full[:at])
+
+
+@needs_grammar
+def test_messages_tool_call_streams_input_json_that_joins_to_the_input(claude: anthropic.Anthropic) -> None:
+    kw = {"model": "x", "max_tokens": 64, **GREEDY, "tools": [ANTHROPIC_TOOL],
+          "tool_choice": {"type": "tool", "name": "w"}, "messages": [{"role": "user", "content": QUESTION}]}
+    whole = claude.messages.create(**kw)
+    assert whole.stop_reason == "tool_use"
+    (use,) = [b for b in whole.content if b.type == "tool_use"]
+    assert use.name == "w" and use.input["u"] in ("C", "F") and use.id.startswith("toolu_")
+    jsonschema.validate(use.input, PARAMS)
+
+    pieces, starts = [], []
+    with claude.messages.stream(**kw) as stream:
+        for event in stream:
+            if event.type == "content_block_start":
+                starts.append(event.content_block.type)
+            elif event.type == "content_block_delta" and event.delta.type == "input_json_delta":
+                pieces.append(event.delta.partial_json)
+        final = stream.get_final_message()
+    assert starts == ["tool_use"] and pieces
+    (streamed,) = [b for b in final.content if b.type == "tool_use"]
+    assert json.loads("".join(pieces)) == streamed.input == use.input
+    assert final.stop_reason == "tool_use"
+
+    # "any" (a call required) with disable_parallel_tool_use: exactly one call
+    one = claude.messages.create(**{**kw, "tool_choice": {"type": "any", "disable_parallel_tool_use": True}})
+    assert [b.type for b in one.content] == ["tool_use"] and one.stop_reason == "tool_use"
+    jsonschema.validate(one.content[0].input, PARAMS)
+    # structured output (output_config.format: the response_format grammar path); extra_body, as SDKs
+    # before 2.x have no output_config argument
+    shaped = claude.messages.create(model="x", max_tokens=64, messages=[{"role": "user", "content": QUESTION}],
+                                    extra_body={"output_config": {"format": {"type": "json_schema", "schema": PARAMS}}})
+    assert shaped.stop_reason == "end_turn"
+    jsonschema.validate(json.loads(shaped.content[0].text), PARAMS)
+
+
+def test_tool_result_follow_up_turn(claude: anthropic.Anthropic, oai: openai.OpenAI, server: ServerProcess) -> None:
+    messages = [{"role": "user", "content": QUESTION},
+                {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
+                                                  {"type": "tool_use", "id": "toolu_1", "name": "w",
+                                                   "input": {"u": "C"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                              "content": [{"type": "text", "text": RESULT}]},
+                                             {"type": "text", "text": "And tomorrow?"}]}]
+    msg = claude.messages.create(model="x", max_tokens=6, **GREEDY, system=SYSTEM, tools=[ANTHROPIC_TOOL],
+                                 messages=messages)
+    assert msg.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    count = claude.messages.count_tokens(model="x", system=SYSTEM, tools=[ANTHROPIC_TOOL], messages=messages)
+    assert count.input_tokens == msg.usage.input_tokens + msg.usage.cache_read_input_tokens
+    # the turn the chat template sees: the call in the assistant turn, the result a tool turn, then the text
+    chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION},
+            {"role": "assistant", "content": "Checking.", "tool_calls": [
+                {"id": "toolu_1", "type": "function", "function": {"name": "w", "arguments": '{"u": "C"}'}}]},
+            {"role": "tool", "tool_call_id": "toolu_1", "content": RESULT},
+            {"role": "user", "content": "And tomorrow?"}]
+    prompt = post(server, "/apply-template", {"messages": chat, "tools": [CHAT_TOOL]}).json()["prompt"]
+    assert f"<tool_response>\n{RESULT}\n</tool_response>" in prompt and '"arguments": {"u": "C"}' in prompt
+    same = oai.chat.completions.create(model="x", messages=chat, tools=[CHAT_TOOL], max_tokens=6, temperature=0)
+    assert same.usage.prompt_tokens == count.input_tokens
+
+
+def test_messages_errors_in_anthropics_shape(claude: anthropic.Anthropic, server: ServerProcess) -> None:
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude.messages.create(model="x", max_tokens=4, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}])
+    assert e.value.status_code == 400
+    assert e.value.body == {"type": "error", "error": {
+        "type": "invalid_request_error",
+        "message": "messages.0.content: block 1: 'image' blocks are not supported: this model takes text only"}}
+    user = [{"role": "user", "content": QUESTION}]
+    cases = [  # (path, body, what the message must say)
+        ("/v1/messages", {"messages": user}, "missing required field 'max_tokens'"),
+        ("/v1/messages", {"messages": user, "max_tokens": 4, "temperature": -1}, "temperature"),
+        ("/v1/messages", {"messages": user, "max_tokens": 4000}, "max_tokens (4000) exceeds the context"),
+        ("/v1/messages", {"messages": user, "max_tokens": 4, "stop_sequences": ["a", "b", "c", "d", "e"]},
+         "stop_sequences"),
+        ("/v1/messages", {"messages": user, "max_tokens": 4, "tools": [{"type": "web_search_20250305",
+                                                                        "name": "web_search"}]},
+         "server tools are not served"),
+        ("/v1/messages", {"messages": user, "max_tokens": 4, "tools": [ANTHROPIC_TOOL],
+                          "tool_choice": {"type": "tool", "name": "nope"}}, "no tool named 'nope'"),
+        ("/v1/messages", {"messages": [{"role": "assistant", "content": [
+            {"type": "tool_result", "tool_use_id": "x", "content": "y"}]}], "max_tokens": 4},
+         "cannot be in a assistant message"),
+        ("/v1/messages", {"messages": [{"role": "user", "content": "x" * 5000}], "max_tokens": 4},
+         "context holds 1024 tokens"),
+        ("/v1/messages/count_tokens", {"messages": []}, "messages"),
+        ("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": [image]}]}, "text only"),
+    ]
+    for path, body, needle in cases:
+        r = post(server, path, body)
+        assert r.status_code == 400, (body, r.text)
+        err = r.json()
+        assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error", err
+        assert needle in err["error"]["message"], (needle, err)
+    r = httpx.post(server.url + "/v1/messages", content=b"{", timeout=10,
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.get(server.url + "/v1/messages/batches", timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    # Anthropic's headers are accepted as its SDK sends them (anthropic-version, x-api-key without keys set)
+    r = httpx.post(server.url + "/v1/messages", json={"messages": user, "max_tokens": 2}, timeout=60,
+                   headers={"anthropic-version": "2023-06-01", "x-api-key": "anything"})
+    assert r.status_code == 200, r.text
+
+
+# ---------------------------------------------------------------- OpenAI Responses
+
+
+@needs_grammar
+def test_responses_function_call_and_its_output(oai: openai.OpenAI) -> None:
+    r = oai.responses.create(model="x", instructions=SYSTEM, input=QUESTION, tools=[RESPONSES_TOOL],
+                             tool_choice="required", parallel_tool_calls=False, max_output_tokens=64,
+                             temperature=0)
+    assert r.object == "response" and r.status == "completed" and r.model == ALIAS
+    (call,) = [o for o in r.output if o.type == "function_call"]
+    assert call.name == "w" and call.call_id.startswith("call_")
+    jsonschema.validate(json.loads(call.arguments), PARAMS)
+    assert r.usage.output_tokens >= 1 and r.usage.input_tokens > 0
+
+    follow = oai.responses.create(model="x", instructions=SYSTEM, tools=[RESPONSES_TOOL], max_output_tokens=6,
+                                  temperature=0, input=[
+                                      {"role": "user", "content": QUESTION},
+                                      *[o.model_dump(exclude_none=True) for o in r.output],  # as agents resend it
+                                      {"type": "function_call_output", "call_id": call.call_id, "output": RESULT}])
+    assert follow.status in ("completed", "incomplete") and follow.usage.input_tokens > r.usage.input_tokens
+    assert follow.status == ("incomplete" if follow.usage.output_tokens == 6 else "completed")
+
+    pieces, kinds = [], []
+    with oai.responses.stream(model="x", instructions=SYSTEM, input=QUESTION, tools=[RESPONSES_TOOL],
+                              tool_choice={"type": "function", "name": "w"}, max_output_tokens=64,
+                              temperature=0) as stream:
+        for event in stream:
+            kinds.append(event.type)
+            if event.type == "response.function_call_arguments.delta":
+                pieces.append(event.delta)
+        final = stream.get_final_response()
+    (streamed,) = [o for o in final.output if o.type == "function_call"]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert "response.output_item.added" in kinds and "response.function_call_arguments.done" in kinds
+    assert pieces and "".join(pieces) == streamed.arguments
+    assert json.loads(streamed.arguments) == json.loads(call.arguments)
+
+
+class Weather(pydantic.BaseModel):
+    u: Literal["C", "F"]
+
+
+@needs_grammar
+def test_responses_json_schema(oai: openai.OpenAI) -> None:
+    r = oai.responses.create(model="x", input=QUESTION, max_output_tokens=64, temperature=0.7, text={
+        "format": {"type": "json_schema", "name": "weather", "schema": PARAMS, "strict": True}})
+    assert r.status == "completed"
+    jsonschema.validate(json.loads(r.output_text), PARAMS)
+    with oai.responses.stream(model="x", input=QUESTION, max_output_tokens=64, text_format=Weather) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text and final.output_parsed.u in ("C", "F")
+
+
+def test_responses_text_and_what_is_refused(oai: openai.OpenAI, server: ServerProcess) -> None:
+    whole = oai.responses.create(model="x", input=QUESTION, max_output_tokens=8, temperature=0)
+    assert whole.output_text and whole.status == ("incomplete" if whole.usage.output_tokens == 8 else "completed")
+    assert whole.incomplete_details is None or whole.incomplete_details.reason == "max_output_tokens"
+    with oai.responses.stream(model="x", input=[{"role": "user", "content": [
+            {"type": "input_text", "text": QUESTION}]}], max_output_tokens=8, temperature=0) as stream:
+        events = list(stream)
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == whole.output_text
+    # a stream cut by max_output_tokens ends as OpenAI's does: response.incomplete
+    assert events[-1].type == f"response.{whole.status}" and events[-1].response.output_text == whole.output_text
+    for body, param, needle in [
+        ({"input": "hi", "previous_response_id": "resp_1"}, None, "stateless"),
+        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools", "built-in tool 'web_search' is not served"),
+        ({"input": "hi", "tool_choice": {"type": "file_search"}}, "tool_choice", "only 'none'"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AA=="}]}]},
+         "input.0.message.content", "this model takes text only"),
+        ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input", "'web_search_call' items are not served"),
+        ({"input": "hi", "max_output_tokens": 5000}, "max_output_tokens", "max_output_tokens (5000) exceeds"),
+        ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {
+            "type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}}}}}, "text.format",
+         "multipleOf"),
+        ({"input": "x" * 5000}, "input", "context holds 1024 tokens"),
+    ]:
+        r = post(server, "/v1/responses", body)
+        assert r.status_code == 400, (body, r.text)
+        err = r.json()["error"]
+        assert err["param"] == param and needle in err["message"], (body, err)
+    with pytest.raises(openai.BadRequestError, match="stateless"):
+        oai.responses.create(model="x", input="hi", previous_response_id="resp_123")
+
+
+# ---------------------------------------------------------------- one request path
+
+
+def test_the_three_apis_give_the_same_greedy_tokens(claude: anthropic.Anthropic, oai: openai.OpenAI,
+                                                    server: ServerProcess) -> None:
+    """One conversation (a system prompt, a question, a tool call and its result, tools offered) through
+    chat completions, Messages and Responses: the same prompt tokens and the same greedy answer."""
+    args = '{"u": "C"}'
+    generated = metric(server, "pydflash2:generation_tokens_total")
+    chat = oai.chat.completions.create(model="x", max_tokens=16, temperature=0, tools=[CHAT_TOOL], messages=[
+        {"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "w", "arguments": args}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": RESULT}], extra_body={"return_token_ids": True})
+    tokens = chat.choices[0].model_extra["token_ids"]
+    assert len(tokens) == chat.usage.completion_tokens >= 2
+    msg = claude.messages.create(model="x", max_tokens=16, **GREEDY, system=SYSTEM, tools=[ANTHROPIC_TOOL],
+                                 messages=[
+                                     {"role": "user", "content": QUESTION},
+                                     {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1",
+                                                                        "name": "w", "input": {"u": "C"}}]},
+                                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1",
+                                                                   "content": RESULT}]}])
+    resp = oai.responses.create(model="x", max_output_tokens=16, temperature=0, instructions=SYSTEM,
+                                tools=[RESPONSES_TOOL], input=[
+                                    {"role": "user", "content": QUESTION},
+                                    {"type": "function_call", "call_id": "call_1", "name": "w", "arguments": args},
+                                    {"type": "function_call_output", "call_id": "call_1", "output": RESULT}])
+    detok = post(server, "/detokenize", {"tokens": tokens}).json()["content"]
+    text = chat.choices[0].message.content
+    assert detok == text and msg.content[0].text == text and resp.output_text == text
+    assert msg.usage.output_tokens == resp.usage.output_tokens == len(tokens)
+    prompt = chat.usage.prompt_tokens
+    assert msg.usage.input_tokens + msg.usage.cache_read_input_tokens == resp.usage.input_tokens == prompt
+    assert msg.model_extra["timings"]["predicted_n"] == resp.model_extra["timings"]["predicted_n"] == len(tokens)
+    assert metric(server, "pydflash2:generation_tokens_total") == generated + 3 * len(tokens)  # the same metrics
+    # and streamed
+    with claude.messages.stream(model="x", max_tokens=16, **GREEDY, system=SYSTEM, tools=[ANTHROPIC_TOOL],
+                                messages=[{"role": "user", "content": QUESTION},
+                                          {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1",
+                                                                             "name": "w", "input": {"u": "C"}}]},
+                                          {"role": "user", "content": [{"type": "tool_result",
+                                                                        "tool_use_id": "call_1",
+                                                                        "content": RESULT}]}]) as s:
+        assert s.get_final_message().content[0].text == text
+
+
+# ---------------------------------------------------------------- SmolLM2 (slow tier)
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+WEATHER_INPUT = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                                  "unit": {"enum": ["C", "F"]}}, "required": ["city", "unit"]}
+
+
+@pytest.fixture(scope="module")
+def smollm2_server(workdir: Path):
+    try:
+        target = testing.default_target()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    s = ServerProcess(["--model", str(target), "--parallel", "1", "--n-ctx", "2048", "--threads", "1"], workdir)
+    yield s
+    s.stop()
+
+
+@needs_grammar
+def test_smollm2_agent_apis(smollm2_server: ServerProcess) -> None:
+    """SmolLM2 and its shipped drafter (a template without a tool format: the generic format): the three
+    APIs agree on a greedy answer, a forced call streams to an input that validates, a schema holds."""
+    url = smollm2_server.url
+    claude = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=600)
+    oai = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
+    chat = oai.chat.completions.create(model="x", max_tokens=24, temperature=0, messages=[
+        {"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}])
+    msg = claude.messages.create(model="x", max_tokens=24, **GREEDY, system=SYSTEM,
+                                 messages=[{"role": "user", "content": QUESTION}])
+    resp = oai.responses.create(model="x", max_output_tokens=24, temperature=0, instructions=SYSTEM, input=QUESTION)
+    assert chat.choices[0].message.content == msg.content[0].text == resp.output_text
+    assert chat.usage.completion_tokens == msg.usage.output_tokens == resp.usage.output_tokens
+
+    tool = {"name": "get_weather", "description": "Current weather in a city", "input_schema": WEATHER_INPUT}
+    pieces = []
+    with claude.messages.stream(model="x", max_tokens=100, **GREEDY, tools=[tool],
+                                tool_choice={"type": "tool", "name": "get_weather"},
+                                messages=[{"role": "user", "content": QUESTION}]) as stream:
+        for event in stream:
+            if event.type == "content_block_delta" and event.delta.type == "input_json_delta":
+                pieces.append(event.delta.partial_json)
+        final = stream.get_final_message()
+    (use,) = [b for b in final.content if b.type == "tool_use"]
+    assert final.stop_reason == "tool_use" and json.loads("".join(pieces)) == use.input
+    jsonschema.validate(use.input, WEATHER_INPUT)
+
+    r = oai.responses.create(model="x", input="Describe a pirate as JSON.", max_output_tokens=200, temperature=0.7,
+                             text={"format": {"type": "json_schema", "name": "person", "schema": PERSON}})
+    assert r.status == "completed", r.output_text
+    jsonschema.validate(json.loads(r.output_text), PERSON)
+
+
+# ---------------------------------------------------------------- the translations, without a server
+
+
+def test_messages_translate_to_the_chat_conversation() -> None:
+    from pydflash2.server.anthropic_messages import MessagesRequest
+
+    body = MessagesRequest.model_validate({
+        "max_tokens": 4, "system": [{"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}},
+                                    {"type": "text", "text": "b"}],
+        "messages": [{"role": "user", "content": "q"},
+                     {"role": "assistant", "content": [{"type": "thinking", "thinking": "...", "signature": "s"},
+                                                       {"type": "text", "text": "t"},
+                                                       {"type": "tool_use", "id": "u1", "name": "w",
+                                                        "input": {"u": "C"}},
+                                                       {"type": "tool_use", "id": "u2", "name": "w", "input": {}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "u1", "content": "r1"},
+                                                  {"type": "tool_result", "tool_use_id": "u2", "is_error": True,
+                                                   "content": [{"type": "text", "text": "x"},
+                                                               {"type": "text", "text": "y"}]},
+                                                  {"type": "text", "text": "next"}]}],
+        "tools": [ANTHROPIC_TOOL], "tool_choice": {"type": "tool", "name": "w", "disable_parallel_tool_use": True},
+        "stop_sequences": ["END"], "top_k": 5})
+    chat = body.chat_body()
+    assert chat["messages"] == [
+        {"role": "system", "content": "a\nb"}, {"role": "user", "content": [{"type": "text", "text": "q"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "t"}], "tool_calls": [
+            {"id": "u1", "type": "function", "function": {"name": "w", "arguments": '{"u": "C"}'}},
+            {"id": "u2", "type": "function", "function": {"name": "w", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "u1", "content": "r1"},
+        {"role": "tool", "tool_call_id": "u2", "content": "x\ny"},
+        {"role": "user", "content": [{"type": "text", "text": "next"}]}]
+    assert chat["tools"] == [CHAT_TOOL] and chat["parallel_tool_calls"] is False
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "w"}}
+    assert (chat["stop"], chat["top_k"], chat["max_tokens"]) == (["END"], 5, 4)
+
+
+def test_responses_translate_to_the_chat_conversation() -> None:
+    from pydflash2.server.responses_api import ResponsesRequest
+
+    body = ResponsesRequest.model_validate({
+        "instructions": "sys", "max_output_tokens": 9, "tools": [RESPONSES_TOOL], "tool_choice": "required",
+        "parallel_tool_calls": False, "text": {"format": {"type": "json_schema", "name": "n", "schema": PARAMS}},
+        "input": [{"role": "developer", "content": "dev"}, {"role": "user", "content": [
+                      {"type": "input_text", "text": "q1"}, {"type": "input_text", "text": "q2"}]},
+                  {"type": "reasoning", "id": "rs_1", "summary": []},
+                  {"type": "message", "role": "assistant", "id": "m1", "status": "completed",
+                   "content": [{"type": "output_text", "text": "t", "annotations": []}]},
+                  {"type": "function_call", "call_id": "c1", "name": "w", "arguments": '{"u": "F"}'},
+                  {"type": "function_call", "call_id": "c2", "name": "w", "arguments": "{}"},
+                  {"type": "function_call_output", "call_id": "c1", "output": "o1"},
+                  {"type": "function_call_output", "call_id": "c2", "output": "o2"},
+                  {"type": "function_call", "call_id": "c3", "name": "w", "arguments": "{}"}]})
+    chat = body.chat_body()
+    call = {"type": "function", "function": {"name": "w", "arguments": "{}"}}
+    assert chat["messages"] == [
+        {"role": "system", "content": "sys"}, {"role": "developer", "content": [{"type": "text", "text": "dev"}]},
+        {"role": "user", "content": [{"type": "text", "text": "q1"}, {"type": "text", "text": "q2"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "t"}], "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "w", "arguments": '{"u": "F"}'}},
+            {"id": "c2", **call}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "o1"},
+        {"role": "tool", "tool_call_id": "c2", "content": "o2"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c3", **call}]}]
+    assert chat["tools"] == [CHAT_TOOL] and chat["tool_choice"] == "required" and not chat["parallel_tool_calls"]
+    assert chat["max_tokens"] == 9
+    assert chat["response_format"] == {"type": "json_schema", "json_schema": {"name": "n", "schema": PARAMS}}
