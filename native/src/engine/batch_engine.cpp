@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <exception>
 #include <string>
 
@@ -292,6 +293,7 @@ void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, std::
     s.request.sampler = std::move(sampler);
     s.request.prompt = prompt;
     s.seq.history = prompt;  // positions >= keep are prefilled next
+    s.seq.prompt_rows = static_cast<int32_t>(prompt.size());
     s.seq.n_prefilled = keep;
     s.seq.pos = 0;
     s.seq.anchor = -1;
@@ -344,12 +346,52 @@ int32_t BatchEngine::cached_prefix(int slot, const std::vector<llama_token> & pr
     if (s.state != State::Idle) {
         throw Error("slot " + std::to_string(slot) + " is busy");
     }
-    return static_cast<int32_t>(reusable_rows(s.seq.history, prompt));
+    return reusable_prefix(s, prompt);
+}
+
+// Exact batches: plain decoding prefills a prompt in chunks of n_batch rows from position 0, and
+// a row's numbers depend on its chunk (which rows take the gemm kernel, which the gemv). Rows of
+// the last prompt's whole chunks are its rows; rows after them (a partial chunk, generated tokens)
+// were decoded in other shapes.
+int32_t BatchEngine::reusable_prefix(const Slot & s, const std::vector<llama_token> & prompt) const {
+    const auto keep = static_cast<int32_t>(reusable_rows(s.seq.history, prompt));
+    if (exact_rows_ == 0) {
+        return keep;
+    }
+    return std::min(keep, s.seq.prompt_rows) / batch_cap_ * batch_cap_;
+}
+
+void BatchEngine::set_exact_batches(int max_rows) {
+    if (max_rows < 0 || max_rows > batch_cap_) {
+        throw Error("exact batches: max_rows must be in 0.." + std::to_string(batch_cap_) + ", got " +
+                    std::to_string(max_rows));
+    }
+    if (max_rows > 0 && max_verify_rows() > max_rows) {
+        throw Error("exact batches of at most " + std::to_string(max_rows) + " rows, but a step verifies up to " +
+                    std::to_string(max_verify_rows()) + " rows for one slot (make the engine with max_draft <= " +
+                    std::to_string(max_rows - 1) + ")");
+    }
+    exact_rows_ = max_rows;
+}
+
+// Each group's slots in as many decodes as keep every one within exact_rows_ rows (one group, one
+// decode, when off).
+BatchEngine::Decodes BatchEngine::group_decodes(const Groups & groups) const {
+    Decodes out;
+    for (const auto & [n_rows, members] : groups) {
+        const size_t per = exact_rows_ > 0 ? static_cast<size_t>(std::max(1, exact_rows_ / n_rows)) : members.size();
+        for (size_t k = 0; k < members.size(); k += per) {
+            const auto first = members.begin() + static_cast<std::ptrdiff_t>(k);
+            out.emplace_back(n_rows, std::vector<int>(first, first + static_cast<std::ptrdiff_t>(
+                                                                          std::min(per, members.size() - k))));
+        }
+    }
+    return out;
 }
 
 int32_t BatchEngine::reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt) {
-    const size_t keep = reusable_rows(s.seq.history, prompt);
-    const auto k = static_cast<int32_t>(keep);
+    const int32_t k = reusable_prefix(s, prompt);
+    const auto keep = static_cast<size_t>(k);
     llama_memory_seq_rm(llama_get_memory(ctx_.ctx), slot, k, -1);
     if (s.drafting.drafter != nullptr) {
         s.drafting.drafter->truncate(k);
@@ -407,9 +449,9 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
         s.request.n_logprobs = 0;
     }
     const StepPlan plan = plan_step(counts);
-    const Groups groups = draft_blocks(plan);
+    const Decodes decodes = group_decodes(draft_blocks(plan));
     int rows = 0;
-    for (const auto & [n_rows, members] : groups) {
+    for (const auto & [n_rows, members] : decodes) {
         const int32_t n_fillers = add_group_rows(n_rows, members);
         decode_group(n_rows, members);
         rows += batch_.n_tokens - n_fillers;
