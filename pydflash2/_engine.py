@@ -239,6 +239,12 @@ class NativeEngine:
             ffi.release(self._h)
             self._h = None
 
+    def set_exact_batches(self, max_rows: int) -> None:
+        """Exact mode over a target whose matmul kernels switch with the batch size: every target
+        decode in plain decoding's shapes (verify decodes of at most max_rows rows, prompts in
+        n_batch chunks from position 0, prefix reuse in whole chunks); 0: off."""
+        check(lib.pdf2_batch_engine_set_exact_batches(self._h, int(max_rows)), "set_exact_batches")
+
     def release_target(self) -> None:
         """Turns a borrowed context's layer-input taps off again (call while it lives)."""
         if self._h is not None:

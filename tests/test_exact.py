@@ -265,3 +265,64 @@ def test_serve_exact_caps_a_target_whose_kernels_switch(tmp_path, tiny) -> None:
         ids = llm.tokenize(p.encode(), add_bos=True, special=True)
         check_greedy(got, plain_greedy(llm, ids, 24), exact=True, what=p)
     llm.close()
+
+
+# A tiny gemma3 as Gemma 3 models are: sliding-window attention (5 layers of 6), and Q4_K_M weights, whose
+# matmul kernels switch with the batch (repacked q4_K: gemm from 4 rows; q6_K: tiled from 8), so a row's
+# numbers depend on the shape of the batch it is decoded in. Its logits spread over a few units (near-ties
+# as a trained model's), so a row decoded in another shape than plain decoding's changes greedy tokens.
+GEMMA_SPEC = testing.TargetSpec(arch="gemma3", n_layer=6, n_embd=256, n_head=4, n_head_kv=1, n_ff=512,
+                                sliding_window=16, head_scale=0.02)
+# prompts sharing prefixes, as the server reuses them
+GEMMA_PROMPTS = ["Once upon a time", "Once upon a time there was a little model", "The answer is 42.",
+                 "The answer is", "The quick brown fox jumps over the lazy dog.", "The capital of France is Paris.",
+                 "def main():", "def main():\n    print('hello world')"]
+
+
+@pytest.fixture(scope="module")
+def gemma_q4_k_m(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("exact-gemma")
+    f32 = testing.make_target_gguf(d / "f32.gguf", GEMMA_SPEC)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    target = d / "q4_k_m.gguf"
+    assert llama_cpp.llama_model_quantize(str(f32).encode(), str(target).encode(), ctypes.byref(params)) == 0
+    return {"target": target, "random": testing.make_random_drafter_for(target, d / "dflash2.gguf")}
+
+
+def test_serve_exact_equals_plain_decoding_where_kernels_switch_with_the_batch(tmp_path, gemma_q4_k_m) -> None:
+    """serve --exact decodes every row in the batch shape plain decoding gives it, on a target whose
+    kernels switch with the batch: a prompt is prefilled whole from position 0 (not after a reused
+    prefix: that moved rows between the gemm and gemv kernels), and two slots' verify rows never share
+    a decode beyond the invariant batch (2 x 3 rows took the gemm kernel). Greedy answers, one at a
+    time (the slot holding the longest prefix serves each) and two at once, are fresh plain greedy
+    decoding's token for token. (Without those rules 7 of these 16 answers left plain decoding.)"""
+    _require_invariant()
+    target = gemma_q4_k_m["target"]
+    inv = exactness.target_invariance(target, flash_attn=False, n_ctx=512)
+    assert inv.max_batch is not None and inv.max_batch < 7, inv  # kernels switch within 2 slots' verify rows
+    n_tokens = 48
+    server = ServerProcess(["--model", str(target), "--draft", str(gemma_q4_k_m["random"]), "--exact",
+                            "--n-max", "7", "--parallel", "2", "--n-ctx", "256", "--threads", "1"], tmp_path)
+    try:
+        def complete(prompt: str) -> list[int]:
+            r = httpx.post(server.url + "/v1/completions", timeout=120, json={
+                "prompt": prompt, "max_tokens": n_tokens, "temperature": 0, "return_token_ids": True})
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["token_ids"]
+
+        one_at_a_time = {p: complete(p) for p in GEMMA_PROMPTS}
+        with ThreadPoolExecutor(2) as pool:
+            pairs = [(a, b) for a, b in zip(GEMMA_PROMPTS[::2], GEMMA_PROMPTS[1::2], strict=True)]
+            two_at_once = [dict(zip(pair, pool.map(complete, pair), strict=True)) for pair in pairs]
+    finally:
+        server.stop()
+    llm = llama_cpp.Llama(str(target), n_ctx=256, n_threads=1, verbose=False)
+    plain = {p: plain_greedy(llm, llm.tokenize(p.encode(), add_bos=True, special=True), n_tokens)
+             for p in GEMMA_PROMPTS}
+    llm.close()
+    for p, got in one_at_a_time.items():
+        check_greedy(got, plain[p], exact=True, what=("one at a time", p))
+    for answers in two_at_once:
+        for p, got in answers.items():
+            check_greedy(got, plain[p], exact=True, what=("two at once", p))

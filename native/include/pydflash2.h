@@ -301,6 +301,13 @@ int pdf2_batch_engine_set_context_cache_limits(pdf2_batch_engine * e, int32_t ma
                                                int64_t max_tokens);
 /* Rows of the largest verify the cost model prices: max_draft + 1, or an automatic tree's budget + 1. */
 int32_t pdf2_batch_engine_max_verify_rows(pdf2_batch_engine * e);
+/* Exact mode over a target whose matmul kernels switch with the batch size: every target decode
+ * in plain decoding's shapes. No decode of verify rows holds more than max_rows rows (the largest
+ * batch whose rows equal batch-1 rows; slots verifying together are split into several decodes),
+ * prompts are prefilled in plain decoding's chunks (n_batch rows from position 0), and a slot
+ * reuses only whole chunks of its last prompt. max_rows 0: off; 1..n_batch, at least
+ * max_verify_rows. 0 / -1. */
+int pdf2_batch_engine_set_exact_batches(pdf2_batch_engine * e, int32_t max_rows);
 /* Cost model for the adaptive draft length (and automatic tree budget): verify_s[B-1] = target
  * decode of B tokens (B = 1..max_verify_rows), draft_s[n-1] = drafting n tokens, plain_s = a
  * one-row decode that skips the drafter's features (0: not measured): the plain step the user

@@ -155,9 +155,13 @@ class BatchEngine:
 
     def _new_native(self) -> NativeEngine:
         """The native engine: one target context over the loaded model, and the slots' drafters."""
-        return NativeEngine.owned(self.llm._model.model, self.config, n_slots=self.n_slots, n_ctx_slot=self.n_ctx,
-                                  n_threads=self.n_threads, n_threads_batch=self.n_threads,
-                                  flash_attn=self.flash_attn, drafters=self.drafters)
+        native = NativeEngine.owned(self.llm._model.model, self.config, n_slots=self.n_slots, n_ctx_slot=self.n_ctx,
+                                    n_threads=self.n_threads, n_threads_batch=self.n_threads,
+                                    flash_attn=self.flash_attn, drafters=self.drafters)
+        if self.invariance is not None and self.invariance.max_batch is not None:
+            # rows depend on their batch's shape here: every decode in plain decoding's shapes
+            native.set_exact_batches(self.invariance.max_batch)
+        return native
 
     def recover(self) -> None:
         """After a failed step: a new target context and new drafter caches (over the same loaded

@@ -211,7 +211,8 @@ const float * BatchEngine::row_logits(int32_t row) {
 int32_t BatchEngine::add_group_rows(int n_rows, const std::vector<int> & members) {
     const StepLedger::Scope build(stats_.ledger(), Part::Build);
     batch_.n_tokens = 0;
-    const bool fill = fill_gaps_ && n_rows * (members.back() - members.front() + 1) <= batch_cap_;
+    // (exact batches: none, they would take the decode past exact_rows_; llama.cpp splits instead)
+    const bool fill = fill_gaps_ && exact_rows_ == 0 && n_rows * (members.back() - members.front() + 1) <= batch_cap_;
     size_t next = 0;
     for (int i = members.front(); i <= members.back(); ++i) {
         if (members[next] != i) {
@@ -254,7 +255,9 @@ void BatchEngine::decode_group(int n_rows, const std::vector<int> & members) {
 }
 
 // Prompt chunks, one decode per slot (a sequence alone is one ubatch), at most batch_cap_ prompt
-// rows per step so that decoding slots keep their pace; slots take turns at going first.
+// rows per step so that decoding slots keep their pace; slots take turns at going first. Exact
+// batches: every chunk is n_batch rows from a multiple of n_batch (or the prompt's rest), as plain
+// decoding's (the slot going first always has room for one).
 int BatchEngine::prefill_chunks(std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
     const int n_slots_i = n_slots();
     int rows_left = batch_cap_;
@@ -267,6 +270,9 @@ int BatchEngine::prefill_chunks(std::vector<int32_t> & counts, std::vector<llama
         }
         const int32_t left = static_cast<int32_t>(s.request.prompt.size()) - s.seq.n_prefilled;
         const int32_t chunk = std::min(left, rows_left);
+        if (exact_rows_ > 0 && chunk < std::min(left, batch_cap_)) {
+            continue;  // exact batches: plain decoding's whole chunk, at a later step
+        }
         {
             const StepLedger::Scope build(stats_.ledger(), Part::Build);
             batch_.n_tokens = 0;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <exception>
 #include <string>
 
@@ -236,122 +237,6 @@ CallbackCapture * BatchEngine::capture_for(const llama_model * model, const std:
     return &own_capture_;
 }
 
-BatchEngine::Slot & BatchEngine::slot_at(int slot) {
-    if (slot < 0 || slot >= n_slots()) {
-        throw Error("slot " + std::to_string(slot) + " does not exist (0.." + std::to_string(n_slots() - 1) + ")");
-    }
-    return slots_[static_cast<size_t>(slot)];
-}
-
-void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, const SamplingParams & sampling,
-                        int32_t max_tokens) {
-    slot_at(slot);  // a bad index before the grammar is parsed
-    // validates every parameter (the grammar too) before the slot changes
-    start(slot, prompt, std::make_unique<TargetSampler>(sampling, target_.vocab(), opts_.n_ctx_slot), max_tokens);
-}
-
-void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, std::unique_ptr<TargetSampler> sampler,
-                        int32_t max_tokens) {
-    Slot & s = slot_at(slot);
-    if (sampler == nullptr) {
-        throw Error("the sampler chain is NULL");
-    }
-    if (sampler->vocab() != target_.vocab() || sampler->n_ctx() != opts_.n_ctx_slot) {
-        throw Error("the sampler chain was made for another target or context size");
-    }
-    if (max_tokens < 0) {
-        throw Error("max_tokens must be >= 0 (0: no limit), got " + std::to_string(max_tokens));
-    }
-    if (s.state != State::Idle) {
-        throw Error("slot " + std::to_string(slot) + " is busy: stop it first");
-    }
-    if (prompt.empty()) {
-        throw Error("the prompt is empty: at least one token is needed");
-    }
-    if (static_cast<int32_t>(prompt.size()) >= opts_.n_ctx_slot) {
-        throw Error("the prompt (" + std::to_string(prompt.size()) + " tokens) does not fit the context (" +
-                    std::to_string(opts_.n_ctx_slot) + " tokens)");
-    }
-    for (const llama_token t : prompt) {
-        if (t < 0 || t >= target_.n_vocab()) {
-            throw Error("token id " + std::to_string(t) + " is outside the target vocabulary");
-        }
-    }
-    if (borrowed_) {
-        // the owner may have decoded in its context since, and other engines may share it:
-        // its taps are set for this engine again, and nothing it holds is trusted
-        target_.claim();
-        s.seq.history.clear();
-    }
-    const int32_t keep = reuse_prefix(s, slot, prompt);
-    s.request.sampler = std::move(sampler);
-    s.request.prompt = prompt;
-    s.seq.history = prompt;  // positions >= keep are prefilled next
-    s.seq.n_prefilled = keep;
-    s.seq.pos = 0;
-    s.seq.anchor = -1;
-    s.request.max_tokens = max_tokens;
-    stats_.start(s.request.stats, static_cast<int64_t>(prompt.size()), keep, step_width_, max_draft_);
-    s.drafting.policy = shared_policy_;  // the costs, and the acceptance seen so far
-    s.drafting.sources.begin(SourceStart{&prompt, static_cast<int>(s.context_mode), &s.context_key});
-    s.state = State::Prefill;
-}
-
-void BatchEngine::stop(int slot) {
-    Slot & s = slot_at(slot);
-    if (s.state == State::Idle) {
-        return;
-    }
-    flush_pending(slot, s);
-    // what the sequence holds: the prefilled prompt rows, or every committed row
-    const int32_t held = s.state == State::Prefill ? s.seq.n_prefilled : s.seq.pos - static_cast<int32_t>(s.seq.pending.size());
-    s.seq.pending.clear();
-    s.seq.history.resize(static_cast<size_t>(std::min<int32_t>(held, static_cast<int32_t>(s.seq.history.size()))));
-    s.state = State::Idle;
-    s.drafting.sources.finish();  // the context's output joins the global cache
-    s.request.prompt.clear();
-    s.request.sampler.reset();
-}
-
-namespace {
-
-// the common prefix of what a slot holds and a prompt, leaving at least the
-// last prompt token to decode (its logits give the first answer token)
-size_t reusable_rows(const std::vector<llama_token> & history, const std::vector<llama_token> & prompt) {
-    const size_t limit = std::min(history.size(), prompt.empty() ? 0 : prompt.size() - 1);
-    size_t keep = 0;
-    while (keep < limit && history[keep] == prompt[keep]) {
-        ++keep;
-    }
-    return keep;
-}
-
-}  // namespace
-
-int32_t BatchEngine::cached_prefix(int slot, const std::vector<llama_token> & prompt) {
-    const Slot & s = slot_at(slot);
-    if (s.state != State::Idle) {
-        throw Error("slot " + std::to_string(slot) + " is busy");
-    }
-    return static_cast<int32_t>(reusable_rows(s.seq.history, prompt));
-}
-
-int32_t BatchEngine::reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt) {
-    const size_t keep = reusable_rows(s.seq.history, prompt);
-    const auto k = static_cast<int32_t>(keep);
-    llama_memory_seq_rm(llama_get_memory(ctx_.ctx), slot, k, -1);
-    if (s.drafting.drafter != nullptr) {
-        s.drafting.drafter->truncate(k);
-        // rows committed but not yet injected: keep those below k (positions ascend)
-        const auto cut = std::lower_bound(s.drafting.feed.positions.begin(), s.drafting.feed.positions.end(), k);
-        const size_t n_kept = static_cast<size_t>(cut - s.drafting.feed.positions.begin());
-        s.drafting.feed.positions.resize(n_kept);
-        s.drafting.feed.features.resize(n_kept * static_cast<size_t>(target_.feature_width()));
-    }
-    s.seq.history.resize(keep);
-    return k;
-}
-
 void BatchEngine::queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0) {
     if (!feed_drafters_ || n <= 0 || !target_.feeding()) {
         return;  // (a starved plain step: the drafter does without these rows)
@@ -392,9 +277,9 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
         const StepLedger::Scope planning(stats_.ledger(), Part::Plan);
         return plan_step(counts);
     }();
-    const Groups groups = draft_blocks(plan);
+    const Decodes decodes = group_decodes(draft_blocks(plan));
     int rows = 0;
-    for (const auto & [n_rows, members] : groups) {
+    for (const auto & [n_rows, members] : decodes) {
         // a plain step feeds the drafter only where its copies cost little (StepCosts::starve_plain)
         feed_rows_ = !(n_rows == 1 && costs_.starve_plain());
         if (!feed_rows_ && feed_drafters_) stats_.unfed_step();

@@ -144,6 +144,14 @@ class BatchEngine {
     // Rows of `prompt` that start() on this idle slot would reuse (what it holds
     // from its last request): a scheduler gives a request the slot that holds most.
     int32_t cached_prefix(int slot, const std::vector<llama_token> & prompt);
+    // Exact mode over a target whose matmul kernels switch with the batch size (repacked or
+    // K-quant weights, exactness.py): a row then equals plain decoding's only when decoded in the
+    // batch shape plain decoding gives it. max_rows: the largest batch whose rows equal batch-1
+    // rows; no decode of verify rows holds more (a group of slots larger than that is verified in
+    // several decodes, and no filler rows join it), prompts are prefilled in plain decoding's
+    // chunks (n_batch rows from position 0, a slot at a time), and a slot reuses only whole such
+    // chunks of its last prompt. 0: off (any batch shape).
+    void set_exact_batches(int max_rows);
 
     // One target decode for all busy slots. counts[s]: tokens committed for
     // slot s (0 = none this step, -1 = its context is full), written to
@@ -188,6 +196,7 @@ class BatchEngine {
         // order, ahead of the slot's next rows (their features were taken from the tree's rows).
         std::vector<llama_token> pending;
         int32_t pending_pos0 = 0;
+        int32_t prompt_rows = 0;  // the last prompt's length: history rows [0, this) were its prefill
     };
     // Where the slot's drafts come from, and how many it wants.
     struct Drafting {
@@ -286,6 +295,9 @@ class BatchEngine {
     void record_logprob(Slot & s, const float * logits, llama_token token);
     void queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0);
     int32_t reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt);
+    int32_t reusable_prefix(const Slot & s, const std::vector<llama_token> & prompt) const;
+    using Decodes = std::vector<std::pair<int, std::vector<int>>>;  // verify rows, slots: one decode each
+    Decodes group_decodes(const Groups & groups) const;  // the groups, split at exact_rows_
     void flush_rows(Slot & s);
     void init(const std::vector<Drafter *> & drafters, bool has_head);
     void init_drafters(const std::vector<Drafter *> & drafters, bool has_head);
@@ -323,6 +335,7 @@ class BatchEngine {
     int32_t batch_cap_ = 0;
     // filler rows need sequences whose K/V can be cut back (not recurrent or hybrid memory)
     bool fill_gaps_ = false;
+    int exact_rows_ = 0;  // > 0: set_exact_batches (decodes in plain decoding's shapes)
     std::vector<std::pair<int, int32_t>> fillers_;  // this decode's filler rows: sequence, first position
     int prefill_cursor_ = 0;  // round-robin start for prompt chunks
     unsigned probe_turn_ = 0;  // round-robin choice of the slot that probes

@@ -144,6 +144,13 @@ extern "C" int32_t pdf2_batch_engine_max_verify_rows(pdf2_batch_engine * e) {
     return pdf2::guarded<int32_t>(-1, [&] { return static_cast<int32_t>(get(e).max_verify_rows()); });
 }
 
+extern "C" int pdf2_batch_engine_set_exact_batches(pdf2_batch_engine * e, int32_t max_rows) {
+    return pdf2::guarded<int>(-1, [&] {
+        get(e).set_exact_batches(max_rows);
+        return 0;
+    });
+}
+
 extern "C" int pdf2_batch_engine_set_costs(pdf2_batch_engine * e, const double * verify_s, int32_t n_verify,
                                            const double * draft_s, int32_t n_draft, double plain_s) {
     return pdf2::guarded<int>(-1, [&] {

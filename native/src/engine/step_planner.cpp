@@ -97,6 +97,7 @@ BatchEngine::StepPlan BatchEngine::plan_step(std::vector<int32_t> & counts) {
         plan.probe_slot = -1;
     }
     plan.row_share = n_decoding > 0 ? batch_cap_ / n_decoding - 1 : 0;
+    if (exact_rows_ > 0) plan.row_share = std::min(plan.row_share, exact_rows_ - 1);  // pending rows included
     plan.slots.resize(slots_.size());
     for (const size_t i : plan.decoding) plan.slots[i] = plan_slot(plan, i);
     plan_context(plan);

@@ -132,6 +132,12 @@ class TargetSpec:
     # a GGUF whose tokenizer (vocabulary, merges, special ids, chat template) the target takes instead of
     # the tiny BPE: e.g. SmolLM2's 49,152 tokens, for a target whose head and sampling weigh as SmolLM2's
     tokenizer_from: str = ""
+    # gemma3 only, > 0: sliding-window attention over this many tokens in 5 of every 6 layers (llama.cpp's
+    # gemma3 pattern; the 6th attends to everything), as Gemma 3 models have it; 0: every layer global
+    sliding_window: int = 0
+    # the LM head's scale (with tied embeddings, the embedding's): well below 1, the logits of random
+    # weights spread over a few units, with near-ties as a trained model's have, instead of hundreds
+    head_scale: float = 1.0
 
     @property
     def head_dim(self) -> int:
@@ -215,6 +221,8 @@ def make_target_gguf(path: str | Path, spec: TargetSpec = TargetSpec()) -> Path:
     src/models/{qwen2,gemma3}.cpp load)."""
     if spec.arch not in TARGET_ARCHS:
         raise ValueError(f"arch must be one of {TARGET_ARCHS}, got {spec.arch!r}")
+    if spec.sliding_window and spec.arch != "gemma3":
+        raise ValueError(f"sliding_window is written for gemma3 targets only, not {spec.arch!r}")
     path = Path(path)
     rng = np.random.default_rng(spec.seed)
     if spec.tokenizer_from:
@@ -248,6 +256,8 @@ def make_target_gguf(path: str | Path, spec: TargetSpec = TargetSpec()) -> Path:
         w.add_eos_token_id(EOS_ID)
         w.add_add_bos_token(False)
         w.add_chat_template(spec.chat_template)
+    if spec.sliding_window:
+        w.add_sliding_window(spec.sliding_window)
 
     def mat(rows: int, cols: int, scale: float) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
@@ -255,7 +265,7 @@ def make_target_gguf(path: str | Path, spec: TargetSpec = TargetSpec()) -> Path:
     def norm(n: int) -> np.ndarray:
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
-    embd = mat(V, H, 1.0)
+    embd = mat(V, H, spec.head_scale if spec.tied_embeddings else 1.0)
     if spec.hot_tokens:
         scale = np.full((V, 1), 0.05, dtype=np.float32)
         scale[list(spec.hot_tokens)] = 1.0
@@ -263,7 +273,7 @@ def make_target_gguf(path: str | Path, spec: TargetSpec = TargetSpec()) -> Path:
     w.add_tensor("token_embd.weight", embd)
     w.add_tensor("output_norm.weight", norm(H))
     if not spec.tied_embeddings:
-        w.add_tensor("output.weight", mat(V, H, 1.0))
+        w.add_tensor("output.weight", mat(V, H, spec.head_scale))
     s = 1.0 / np.sqrt(H)
     for il in range(spec.n_layer):
         p = f"blk.{il}."
