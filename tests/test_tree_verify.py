@@ -152,8 +152,9 @@ def _logits(ctx, row: int, n_vocab: int) -> np.ndarray:
 
 def test_tree_kv_holds_exactly_the_committed_tokens(pair, llm, exact) -> None:
     """After a long tree generation: the slot's sequence ends at the last committed position, every
-    branch sequence is empty, and the next token's logits equal those of a fresh context that
-    prefilled the same text (the cached K/V are the committed tokens' own)."""
+    branch sequence is empty or a prefix of it (branches keep the context between steps) holding one
+    cell per position, and the next token's logits equal those of a fresh context that prefilled the
+    same text (the cached K/V are the committed tokens' own)."""
     with Speculator(llm, pair.draft, n_max=7, tree_budget=BUDGET) as spec:
         prompt = spec.tokenize_prompt(_eval_prompts(30)[-1])
         out = spec.generate(prompt, max_tokens=96)
@@ -164,8 +165,14 @@ def test_tree_kv_holds_exactly_the_committed_tokens(pair, llm, exact) -> None:
         # every committed token but the last (the next anchor) is in the cache
         assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == len(text) - 2
         assert llama_cpp.llama_memory_seq_pos_min(mem, 0) == 0
+        branch_cells = {}
         for b in range(1, BUDGET + 1):
-            assert llama_cpp.llama_memory_seq_pos_max(mem, b) == -1, b
+            last = llama_cpp.llama_memory_seq_pos_max(mem, b)
+            assert last <= len(text) - 2, b  # never the tree's rows, never beyond the slot
+            if last >= 0:
+                assert llama_cpp.llama_memory_seq_pos_min(mem, b) == 0, b
+                branch_cells[b] = (last + 1, llama_cpp.llama_state_seq_get_size(ctx, b))
+        assert branch_cells, "no branch kept the context"
         # the sequence's saved state holds its cells: as many as a context that decoded the text alone
         state_bytes = llama_cpp.llama_state_seq_get_size(ctx, 0)
         n_vocab = llm.n_vocab()
@@ -178,6 +185,10 @@ def test_tree_kv_holds_exactly_the_committed_tokens(pair, llm, exact) -> None:
     ref.eval(text[:-1])
     assert llama_cpp.llama_state_seq_get_size(ref._ctx.ctx, 0) == state_bytes
     ref.eval(text[-1:])
+    # a sequence's state is a header and its cells: each branch holds one cell per position
+    per_cell = llama_cpp.llama_state_seq_get_size(ref._ctx.ctx, 0) - state_bytes
+    for b, (n_pos, size) in branch_cells.items():
+        assert size == state_bytes - per_cell * (len(text) - 1 - n_pos), b
     want = _logits(ref._ctx.ctx, -1, n_vocab)
     ref.close()
     if exact:

@@ -54,11 +54,7 @@ void BatchEngine::add_tree_rows(int idx, Slot & s) {
     }
     {
         const StepLedger::Scope kv(stats_.ledger(), Part::Kv);
-        llama_memory_t mem = llama_get_memory(ctx_.ctx);
-        for (const int32_t b : s.rows.branches) {
-            llama_memory_seq_rm(mem, b, -1, -1);  // nothing should be left; a failed step may have left rows
-            llama_memory_seq_cp(mem, idx, b, -1, -1);
-        }
+        for (const int32_t b : s.rows.branches) sync_branch(idx, b);
     }
     std::vector<int32_t> all = s.rows.branches;  // pending rows: committed, so in the slot and every branch
     all.push_back(idx);
@@ -105,6 +101,30 @@ void BatchEngine::flush_pending(int idx, Slot & s) {
     } catch (const Error &) {
         // the sequence keeps what it held; stop() cuts the slot's history back to that
         llama_memory_seq_rm(llama_get_memory(ctx_.ctx), idx, s.seq.pending_pos0, -1);
+    }
+}
+
+// A branch keeps the slot's context between steps (commit_tree cuts only the tree's rows off), so
+// a step copies only the cells committed since the branch's last step: copying the whole context
+// into every branch each step was a KV scan and a position-map insert per cell per branch, the
+// largest host part of a tree step. The branch must end where the slot's committed cells end
+// (llama.cpp wants each sequence's rows to follow its last position); a branch that is not a
+// prefix of the slot (a cut it missed, or emptied from outside) is copied whole again.
+void BatchEngine::sync_branch(int idx, int32_t b) {
+    llama_memory_t mem = llama_get_memory(ctx_.ctx);
+    const llama_pos end = llama_memory_seq_pos_max(mem, idx) + 1;  // the slot's committed cells: [0, end)
+    llama_pos have = llama_memory_seq_pos_max(mem, b) + 1;
+    if (have > 0 && (llama_memory_seq_pos_min(mem, b) != 0 || have > end)) {
+        llama_memory_seq_rm(mem, b, -1, -1);
+        have = 0;
+    }
+    if (have < end) llama_memory_seq_cp(mem, idx, b, have, end);
+}
+
+void BatchEngine::cut_branches(int idx, llama_pos p0) {
+    llama_memory_t mem = llama_get_memory(ctx_.ctx);
+    for (int j = 0; j < tree_branches_; ++j) {
+        llama_memory_seq_rm(mem, n_slots() + idx * tree_branches_ + j, p0, -1);
     }
 }
 

@@ -384,7 +384,13 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
         const StepLedger::Scope kv(stats_.ledger(), Part::Kv);
         llama_memory_seq_cp(llama_get_memory(ctx_.ctx), branch, idx, s.seq.pos, s.seq.pos + n_in_place + 1);
     }
-    remove_branches(s);
+    {
+        // the tree's rows leave the branches, which keep the context for the next tree (sync_branch)
+        const StepLedger::Scope kv(stats_.ledger(), Part::Kv);
+        llama_memory_t mem = llama_get_memory(ctx_.ctx);
+        for (const int32_t b : s.rows.branches) llama_memory_seq_rm(mem, b, s.seq.pos, -1);
+        s.rows.branches.clear();
+    }
     s.seq.pending.clear();
     for (int j = n_in_place; j < k; ++j) s.seq.pending.push_back(t.token[static_cast<size_t>(path[static_cast<size_t>(j)])]);
     s.seq.pending_pos0 = s.seq.pos + n_in_place + 1;

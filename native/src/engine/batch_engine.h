@@ -269,7 +269,9 @@ class BatchEngine {
     void add_row(llama_token token, int32_t pos, const std::vector<int32_t> & seqs, bool logits);
     // a tree slot's rows: the anchor, then its nodes, each in the branch sequences below it
     void add_tree_rows(int idx, Slot & s);
-    void remove_branches(Slot & s);  // the tree's branch sequences, cut off after its verify
+    void sync_branch(int idx, int32_t b);        // branch b holds the slot's committed context
+    void cut_branches(int idx, llama_pos p0);    // the slot's branches lose positions >= p0
+    void remove_branches(Slot & s);  // the tree's branch sequences emptied (a failed decode)
     void add_pending_rows(Slot & s, const std::vector<int32_t> & seqs);
     void flush_pending(int idx, Slot & s);  // decodes them alone (a request ends with some)
     // n rows for sequence seq after what it holds, when its stream has room: see add_group_rows()

@@ -155,6 +155,7 @@ int32_t BatchEngine::reuse_prefix(Slot & s, int slot, const std::vector<llama_to
     const int32_t k = reusable_prefix(s, prompt);
     const auto keep = static_cast<size_t>(k);
     llama_memory_seq_rm(llama_get_memory(ctx_.ctx), slot, k, -1);
+    cut_branches(slot, k);  // the branches keep a prefix of the slot's context (sync_branch)
     if (s.drafting.drafter != nullptr) {
         s.drafting.drafter->truncate(k);
         // rows committed but not yet injected: keep those below k (positions ascend)
