@@ -68,6 +68,32 @@ struct SparseDist {
     float prob_of(llama_token id) const;
 };
 
+// The target's law p at one row after its whole sampler chain: weights w over ids (p_i = w_i /
+// total), ids empty meaning every token with id = index (the chain was the temperature alone).
+// Blocks of weights keep their sums, so a draw walks blocks before tokens and a residual changes
+// only the blocks it touches: a row costs one pass over the vocabulary, not three.
+class TargetLaw {
+  public:
+    float prob_of(llama_token id) const;
+    // The token whose cumulative weight first exceeds u * total (u in [0, 1)).
+    llama_token draw(float u) const;
+    // In place: normalize(max(0, p - q)), q zero outside its support (a rejected draft's correction
+    // law). False, leaving p, when nothing would be left, which only rounding makes.
+    bool subtract(const SparseDist & q);
+
+  private:
+    friend class TargetSampler;
+    static constexpr size_t BLOCK = 64;
+    void sum_blocks();               // blocks and total from w
+    size_t index_of(llama_token id) const;  // its place in w, or w.size()
+    llama_token id_at(size_t i) const { return ids.empty() ? static_cast<llama_token>(i) : ids[i]; }
+
+    std::vector<llama_token> ids;
+    std::vector<float> w;
+    std::vector<double> blocks;
+    double total = 0.0;
+};
+
 // First index of the largest logit: llama.cpp's greedy sampler breaks ties the same way.
 llama_token argmax_token(const float * logits, int32_t n_vocab);
 
@@ -89,7 +115,7 @@ class TargetSampler {
     // (the argmax after logit bias, penalties and grammar).
     llama_token greedy(const float * logits);
     // p for one row of target logits (only for temperature > 0), after the whole chain.
-    void distribution(const float * logits, SparseDist & out);
+    void law(const float * logits, TargetLaw & out);
     // The target's own choice at this row: greedy(), or a draw from distribution(). The one
     // place the two modes part (verify.h's rules all choose through it).
     llama_token sample(const float * logits);
@@ -98,16 +124,14 @@ class TargetSampler {
     // A copy of the grammar in its current state (to try drafts on), null without one.
     SamplerPtr grammar_copy() const;
 
-    // Draws a token from a distribution with this sampler's seeded generator.
-    llama_token draw(const SparseDist & dist);
-    float uniform();
+    float uniform();  // this sampler's seeded generator
 
     std::mt19937_64 & rng() { return rng_; }
 
   private:
     void free_samplers();
     void shape(const float * logits);  // cur_ = the logits after bias and penalties (id order kept)
-    void temperature_distribution(const float * logits, SparseDist & out);
+    void temperature_law(const float * logits, TargetLaw & out);
 
     SamplingParams params_;
     const llama_vocab * vocab_;
@@ -116,11 +140,11 @@ class TargetSampler {
     llama_sampler * shaping_ = nullptr;  // logit bias, penalties (null: neither)
     llama_sampler * grammar_ = nullptr;
     llama_sampler * tail_ = nullptr;     // top-k .. temperature (temperature > 0)
-    // the chain is the temperature alone (no bias, penalties, grammar or truncation): distribution()
-    // then scales the raw logits as llama.cpp's temperature sampler does, without the copy through it
+    // the chain is the temperature alone (no bias, penalties, grammar or truncation): law() then
+    // scales the raw logits as llama.cpp's temperature sampler does, without the copy through it
     bool temperature_only_ = false;
     std::vector<llama_token_data> cur_;
-    SparseDist dist_;  // sample()'s distribution
+    TargetLaw law_;  // sample()'s
     std::mt19937_64 rng_;
 };
 

@@ -8,36 +8,22 @@ namespace pdf2 {
 
 namespace {
 
-// A rejected draft: the correction drawn from normalize(max(0, p - q)); q is zero outside its support.
-llama_token draw_residual(const SparseDist & p, const SparseDist & q, TargetSampler & sampler) {
-    SparseDist residual;
-    double total = 0.0;
-    for (size_t i = 0; i < p.ids.size(); ++i) {
-        const float d = std::max(0.0f, p.probs[i] - q.prob_of(p.ids[i]));
-        if (d > 0.0f) {
-            residual.ids.push_back(p.ids[i]);
-            residual.probs.push_back(d);
-            total += d;
-        }
-    }
-    if (total <= 0.0) {
-        return sampler.draw(p);  // p <= q everywhere only through rounding: p is the law then
-    }
-    for (float & v : residual.probs) {
-        v = static_cast<float>(v / total);
-    }
-    return sampler.draw(residual);
+// A rejected draft: the correction drawn from normalize(max(0, p - q)); q is zero outside its
+// support. Where p <= q everywhere (only rounding does that), p is the law.
+llama_token draw_residual(TargetLaw & p, const SparseDist & q, TargetSampler & sampler) {
+    p.subtract(q);
+    return p.draw(sampler.uniform());
 }
 
 // Whether draft j is kept; when not, *next is the correction.
 bool accept_draft(llama_token draft, const SparseDist & q, const float * logits, TargetSampler & sampler,
-                  SparseDist & p, llama_token * next) {
+                  TargetLaw & p, llama_token * next) {
     if (sampler.params().greedy()) {
         const llama_token want = sampler.sample(logits);
         *next = want;
         return want == draft;
     }
-    sampler.distribution(logits, p);
+    sampler.law(logits, p);
     const float pd = active_mutation() == Mutation::QForP ? q.prob_of(draft) : p.prob_of(draft);
     const float qd = q.prob_of(draft);
     if (qd > 0.0f && sampler.uniform() * qd < pd) {  // accept with probability min(1, p/q)
@@ -53,7 +39,7 @@ VerifyResult verify_chain(const std::vector<llama_token> & drafts, const std::ve
                           const LogitRows & row, TargetSampler & sampler) {
     static const SparseDist none;  // a greedy verify reads no draft law
     VerifyResult r;
-    SparseDist p;
+    TargetLaw p;
     for (size_t j = 0; j < drafts.size(); ++j) {
         llama_token next = -1;
         const bool kept = accept_draft(drafts[j], j < q.size() ? q[j] : none, row(static_cast<int>(j)), sampler, p,
