@@ -28,6 +28,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 AGENTIC = BENCH / "prompts_agentic_eval.jsonl"
@@ -40,6 +41,54 @@ def load_sets(n: int) -> dict[str, list]:
     # every category of the agentic set: spread the first n over the file
     step = max(1, len(agentic) // n) if n else 1
     return {"agentic": agentic[::step][:n or None], "chat": chat[:n or None]}
+
+
+# The configurations, by name: the Speculator's arguments on the shared target context ("draft": the
+# drafter, else none). benchmarks/gpu_check.py runs the same ones.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "plain": {"n_max": 0},
+    "lattice chain": {"draft": True, "n_max": "auto"},
+    "chain 7": {"draft": True, "n_max": 7},
+    "lattice tree 16": {"draft": True, "n_max": 7, "tree_budget": 16},
+    "context alone": {"n_max": 0, "context_drafts": "request"},
+    "merged tree 16": {"draft": True, "n_max": 7, "tree_budget": 16, "context_drafts": "request"},
+    "auto": {"draft": True, "n_max": "auto", "context_drafts": "request"},
+}
+
+
+def make_speculator(llm: Any, draft: str, name: str, **kwargs: Any) -> Any:
+    """The configuration `name` of CONFIGS on the target `llm` (from load_target with tree_budget=16 and
+    context_drafts="request"); kwargs go to the Speculator (device=...)."""
+    from pydflash2.speculator import Speculator
+
+    conf = dict(CONFIGS[name])
+    uses_drafter = conf.pop("draft", False)
+    return Speculator(llm, draft if uses_drafter else None, **conf, **(kwargs if uses_drafter else {}))
+
+
+def run_interleaved(specs: dict[str, Any], prompts: list[list[int]], max_tokens: int,
+                    temperature: float) -> dict[str, list[Any]]:
+    """Every configuration on every prompt, interleaved prompt by prompt (machine noise hits all alike),
+    seed 1000 + the prompt's index; the Completions by configuration."""
+    runs: dict[str, list[Any]] = {n: [] for n in specs}
+    for i, ids in enumerate(prompts):
+        for name, spec in specs.items():
+            runs[name].append(spec.generate(ids, max_tokens=max_tokens, temperature=temperature, seed=1000 + i))
+    return runs
+
+
+def summarize(stats: list[dict]) -> dict[str, Any]:
+    """tau (tokens per step after the first), the median tokens/s over prompts, acceptance per depth
+    1..8 and the nodes drafted / accepted by source."""
+    steps = sum(s["n_steps"] for s in stats)
+    tau = sum(s["n_generated"] - 1 for s in stats) / max(steps, 1)
+    rate = statistics.median(s["tokens_per_second"] for s in stats)
+    drafted = [sum(x) for x in zip(*(s["drafted_per_position"] for s in stats), strict=True)]
+    accepted = [sum(x) for x in zip(*(s["accepted_per_position"] for s in stats), strict=True)]
+    acc = " ".join(f"{a / d:.2f}" if d else "-" for a, d in zip(accepted[:8], drafted[:8], strict=True))
+    src = {k: sum(s[k] for s in stats) for k in ("lattice_drafted", "lattice_accepted", "context_drafted",
+                                                  "context_accepted", "propose_skipped")}
+    return dict(tau=tau, rate=rate, acc=acc, **src)
 
 
 def main() -> int:
@@ -63,17 +112,12 @@ def main() -> int:
     model = args.model or str(default_target())
     draft = args.draft or str(default_drafter())
     llm, inv = load_target(model, n_ctx=args.n_ctx, n_threads=args.threads, tree_budget=16, context_drafts="request")
-    make = {
-        "plain": lambda: Speculator(llm, None, n_max=0),
-        "plain, flash off": lambda: Speculator(load_target(model, n_ctx=args.n_ctx, n_threads=args.threads)[0], None,
-                                               n_max=0),
-        "lattice chain": lambda: Speculator(llm, draft, n_max="auto"),
-        "lattice tree 16": lambda: Speculator(llm, draft, n_max=7, tree_budget=16),
-        "context alone": lambda: Speculator(llm, None, n_max=0, context_drafts="request"),
-        "merged tree 16": lambda: Speculator(llm, draft, n_max=7, tree_budget=16, context_drafts="request"),
-        "auto": lambda: Speculator(llm, draft, n_max="auto", context_drafts="request"),
-    }
-    names = [c for c in make if c in args.configs.split(",") or c == "plain, flash off" and c in args.configs]
+    make = {name: (lambda name=name: make_speculator(llm, draft, name)) for name in CONFIGS}
+    make["plain, flash off"] = lambda: Speculator(load_target(model, n_ctx=args.n_ctx, n_threads=args.threads)[0],
+                                                  None, n_max=0)
+    names = [c for c in ["plain", "plain, flash off", *CONFIGS] if c in args.configs.split(",") or
+             c == "plain, flash off" and c in args.configs]
+    names = list(dict.fromkeys(names))
     specs = {name: make[name]() for name in names}
     sets = load_sets(args.n_prompts)
     temps = [float(t) for t in args.temperatures.split(",")]
@@ -83,28 +127,15 @@ def main() -> int:
     for set_name in args.sets.split(","):
         prompts = [specs["plain"].tokenize_prompt(m) for m in sets[set_name]]
         for temp in temps:
-            runs: dict[str, list[dict]] = {n: [] for n in names}
             t0 = time.time()
-            for i, ids in enumerate(prompts):
-                for name, spec in specs.items():
-                    out = spec.generate(ids, max_tokens=args.max_tokens, temperature=temp, seed=1000 + i)
-                    runs[name].append(out.stats)
+            runs = {name: [o.stats for o in outs] for name, outs in
+                    run_interleaved(specs, prompts, args.max_tokens, temp).items()}
             print(f"\n{set_name}, {len(prompts)} prompts, T={temp:g} ({time.time() - t0:.0f} s, load average "
                   f"{os.getloadavg()[0]:.1f})")
             print("| configuration | tau | tau vs plain | tok/s | vs plain | lattice acc/drafted | context acc/drafted "
                   "| no-propose steps | acceptance per depth 1..8 |")
             print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-            summary = {}
-            for name, stats in runs.items():
-                steps = sum(s["n_steps"] for s in stats)
-                tau = sum(s["n_generated"] - 1 for s in stats) / max(steps, 1)
-                rate = statistics.median(s["tokens_per_second"] for s in stats)
-                drafted = [sum(x) for x in zip(*(s["drafted_per_position"] for s in stats), strict=True)]
-                accepted = [sum(x) for x in zip(*(s["accepted_per_position"] for s in stats), strict=True)]
-                acc = " ".join(f"{a / d:.2f}" if d else "-" for a, d in zip(accepted[:8], drafted[:8], strict=True))
-                src = {k: sum(s[k] for s in stats) for k in ("lattice_drafted", "lattice_accepted", "context_drafted",
-                                                              "context_accepted", "propose_skipped")}
-                summary[name] = dict(tau=tau, rate=rate, acc=acc, **src)
+            summary = {name: summarize(stats) for name, stats in runs.items()}
             base = summary.get("plain")
             for name, r in summary.items():
                 vs_tau = f"{r['tau'] / base['tau']:.2f}x" if base else "-"

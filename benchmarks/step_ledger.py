@@ -54,6 +54,19 @@ def summarize(stats: list[dict]) -> dict[str, float]:
     return out
 
 
+COLUMNS = (*PARTS, "python", "step", "host", "rows", "host_us_per_row", "tau", "ledger_vs_wall")
+
+
+def ledger_table(ledgers: dict[str, dict[str, float]]) -> list[str]:
+    """The markdown table of summarize()'s figures, a row per configuration."""
+    lines = ["| configuration | " + " | ".join(COLUMNS) + " |", "| --- " * (len(COLUMNS) + 1) + "|"]
+    for name, r in ledgers.items():
+        cells = [f"{r[c]:.3f}" if c not in ("rows", "tau", "ledger_vs_wall", "host_us_per_row") else f"{r[c]:.2f}"
+                 for c in COLUMNS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def stand_in(smollm2: str) -> tuple[str, str]:
     """The stand-in pair (made once under ~/.cache/pydflash2/stand-in): SmolLM2's tokenizer, 2 layers."""
     from pydflash2_testing import TargetSpec, make_random_drafter_for, make_target_gguf
@@ -115,14 +128,7 @@ def main() -> int:
                                                     seed=1000 + i).stats)
             print(f"\n{set_name}, {len(prompts)} prompts, T={temp:g} ({time.time() - t0:.0f} s): ms per step "
                   f"(prefill: ms per step spent on prompt chunks, outside the step column)")
-            cols = [*PARTS, "python", "step", "host", "rows", "host_us_per_row", "tau", "ledger_vs_wall"]
-            print("| configuration | " + " | ".join(cols) + " |")
-            print("| --- " * (len(cols) + 1) + "|")
-            for name, stats in runs.items():
-                r = summarize(stats)
-                cells = [f"{r[c]:.3f}" if c not in ("rows", "tau", "ledger_vs_wall", "host_us_per_row")
-                         else f"{r[c]:.2f}" for c in cols]
-                print(f"| {name} | " + " | ".join(cells) + " |")
+            print("\n".join(ledger_table({name: summarize(stats) for name, stats in runs.items()})))
             sys.stdout.flush()
     for spec in specs.values():
         spec.close()

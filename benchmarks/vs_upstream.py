@@ -60,12 +60,12 @@ PROMPTS = DEFAULT_PROMPTS  # the same chat prompts `pydflash2 bench` uses
 
 
 def run_upstream(binary: str, target: Path, draft: Path, prompt_text: str, n_max: int, max_tokens: int,
-                 threads: int, n_ctx: int, flash_attn: bool) -> dict[str, Any]:
+                 threads: int, n_ctx: int, flash_attn: bool, n_gpu_layers: int = 0) -> dict[str, Any]:
     cmd = [binary, "-m", str(target), "-md", str(draft), "--spec-type", "draft-dflash",
            "--spec-draft-n-max", str(n_max), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
            "-n", str(max_tokens - 2), "--temp", "0", "-c", str(n_ctx), "-fa", "on" if flash_attn else "off",
            "-t", str(threads), "-tb", str(threads), "-td", str(threads), "-tbd", str(threads),
-           "-ngl", "0", "-p", prompt_text]
+           "-ngl", str(n_gpu_layers), "-p", prompt_text]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         raise RuntimeError(f"upstream failed ({r.returncode}): {r.stderr[-2000:]}")
