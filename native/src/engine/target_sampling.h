@@ -84,7 +84,9 @@ class TargetLaw {
   private:
     friend class TargetSampler;
     static constexpr size_t BLOCK = 64;
-    void sum_blocks();               // blocks and total from w
+    void sum_blocks();                      // blocks and total from w
+    double block_sum(size_t k) const;       // the weights of block k, summed
+    double blocks_total() const;            // the blocks' sums, summed
     size_t index_of(llama_token id) const;  // its place in w, or w.size()
     llama_token id_at(size_t i) const { return ids.empty() ? static_cast<llama_token>(i) : ids[i]; }
 
@@ -116,7 +118,7 @@ class TargetSampler {
     llama_token greedy(const float * logits);
     // p for one row of target logits (only for temperature > 0), after the whole chain.
     void law(const float * logits, TargetLaw & out);
-    // The target's own choice at this row: greedy(), or a draw from distribution(). The one
+    // The target's own choice at this row: greedy(), or a draw from law(). The one
     // place the two modes part (verify.h's rules all choose through it).
     llama_token sample(const float * logits);
     // A token is committed: the history-dependent samplers take it.
