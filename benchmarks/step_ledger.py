@@ -30,7 +30,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 import _repo  # noqa: E402,F401  (tests/support on sys.path: the fixture makers)
-from hybrid_drafts import load_sets  # noqa: E402
+from hybrid_drafts import load_sets, make_speculator, run_interleaved  # noqa: E402
 
 PARTS = ("plan", "offers", "propose", "graph_setup", "select", "build", "decode", "sync", "head", "verify", "kv",
          "features", "inject", "sources", "prefill", "other")
@@ -97,35 +97,27 @@ def main() -> int:
     args = ap.parse_args()
 
     from pydflash2.models import default_drafter, default_target
-    from pydflash2.speculator import Speculator, load_target
+    from pydflash2.speculator import load_target
 
     model = args.model or str(default_target())
     draft = args.draft or str(default_drafter())
     if args.stand_in:
         model, draft = stand_in(model)
     llm, _ = load_target(model, n_ctx=args.n_ctx, n_threads=args.threads, tree_budget=16, context_drafts="request")
-    make = {
-        "plain": lambda: Speculator(llm, None, n_max=0),
-        "chain 7": lambda: Speculator(llm, draft, n_max=7),
-        "tree 16": lambda: Speculator(llm, draft, n_max=7, tree_budget=16),
-        "context alone": lambda: Speculator(llm, None, n_max=0, context_drafts="request"),
-        "merged 16": lambda: Speculator(llm, draft, n_max=7, tree_budget=16, context_drafts="request"),
-        "auto": lambda: Speculator(llm, draft, n_max="auto", context_drafts="request"),
-    }
-    names = [c for c in args.configs.split(",") if c in make]
-    specs = {name: make[name]() for name in names}
+    # this script's short names for hybrid_drafts.CONFIGS
+    configs = {"plain": "plain", "chain 7": "chain 7", "tree 16": "lattice tree 16", "context alone": "context alone",
+               "merged 16": "merged tree 16", "auto": "auto"}
+    names = [c for c in args.configs.split(",") if c in configs]
+    specs = {name: make_speculator(llm, draft, configs[name]) for name in names}
     sets = load_sets(args.n_prompts)
     print(f"model {Path(model).name}, drafter {Path(draft).name}, --threads {args.threads}, {args.max_tokens} "
           f"tokens, n_ctx {args.n_ctx}, flash attention on, load average {os.getloadavg()[0]:.1f}")
     for set_name in args.sets.split(","):
         prompts = [specs[names[0]].tokenize_prompt(m) for m in sets[set_name]]
         for temp in (float(t) for t in args.temperatures.split(",")):
-            runs: dict[str, list[dict]] = {n: [] for n in names}
             t0 = time.time()
-            for i, ids in enumerate(prompts):
-                for name, spec in specs.items():
-                    runs[name].append(spec.generate(ids, max_tokens=args.max_tokens, temperature=temp,
-                                                    seed=1000 + i).stats)
+            runs = {name: [o.stats for o in outs] for name, outs in
+                    run_interleaved(specs, prompts, args.max_tokens, temp).items()}
             print(f"\n{set_name}, {len(prompts)} prompts, T={temp:g} ({time.time() - t0:.0f} s): ms per step "
                   f"(prefill: ms per step spent on prompt chunks, outside the step column)")
             print("\n".join(ledger_table({name: summarize(stats) for name, stats in runs.items()})))
