@@ -18,7 +18,7 @@ import numpy as np
 from . import _native
 from ._native import ffi, lib
 
-# The engines' prior for a block position never drafted (native cost_model.h)
+# The engines' prior for a block position never drafted (native step_price.h)
 _PRIOR_ACCEPTED, _PRIOR_REACHED = float(lib.pdf2_draft_prior_accepted()), float(lib.pdf2_draft_prior_reached())
 
 

@@ -148,9 +148,10 @@ def test_the_installed_package_holds_no_test_tools() -> None:
 ENGINE = ROOT / "native" / "src" / "engine"
 MAX_FUNCTION_LINES = 80
 # the step's parts: the planner and the batch builder are BatchEngine's; these know nothing of it
-ENGINE_BELOW_STEP = ("cost_model", "draft_length", "tree_budget", "verify", "draft_source", "draft_sources",
-                     "target_sampling", "target_runner", "lazy_head", "batch_invariance", "path_calibration",
-                     "context_index", "merged_draft_tree", "merged_draft_source", "engine_stats", "step_ledger")
+ENGINE_BELOW_STEP = ("cost_model", "step_price", "draft_length", "tree_budget", "verify", "draft_source",
+                     "draft_sources", "target_sampling", "target_runner", "lazy_head", "batch_invariance",
+                     "path_calibration", "context_index", "merged_draft_tree", "merged_draft_source",
+                     "engine_stats", "step_ledger")
 
 
 def function_lengths(path: Path) -> dict[str, int]:
@@ -214,16 +215,25 @@ def test_only_the_stats_recorder_writes_the_counters() -> None:
 
 
 def test_only_the_cost_model_chooses() -> None:
-    """The one rate, committed tokens per second, is Price::rate in cost_model.h, and the one choice
+    """The one rate, committed tokens per second, is Price::rate in step_price.h, and the one choice
     among priced options is best_rate there: no other engine file divides by seconds or keeps a best
-    rate of its own, and the Python side reads the engine's choices (draft_decision.py)."""
+    rate of its own. Only the cost model (cost_model.*) and the policies it owns call the chooser or
+    price a step: the planner asks the model and applies its answers. The Python side reads the
+    engine's choices (draft_decision.py)."""
     rate = re.compile(r"/\s*std::max\([^;]*(seconds|1e-9)|best_rate\s*=|rate\s*>\s*\w*rate")
+    choosers = {"cost_model.cpp", "draft_length.cpp", "tree_budget.h", "merged_draft_tree.h", "step_price.h"}
+    seen = set()
     for f in sorted(ENGINE.glob("*.[ch]*")):
-        if f.name == "cost_model.h":
-            continue
         text = f.read_text(encoding="utf-8")
+        if "best_rate(" in text:
+            seen.add(f.name)
+        if f.name == "step_price.h":
+            continue
         assert not rate.search(text), f"{f.name}: {rate.search(text)[0]!r}"
         assert "template <class PriceOf> Choice best_rate" not in text, f.name
+        if f.name.startswith(("batch_", "step_planner")):
+            assert "step_seconds(" not in text and "Price{" not in text, f.name
+    assert seen == choosers, seen ^ choosers
     decision = (ROOT / "pydflash2" / "draft_decision.py").read_text(encoding="utf-8")
     assert not re.search(r"_rate\"\]\s*>", decision)
     objective = (ROOT / "pydflash2" / "train" / "objective.py").read_text(encoding="utf-8")

@@ -231,6 +231,38 @@ def test_auto_tree_budget_follows_the_costs(pair, llm, exact) -> None:
                 assert trees == probes and probes <= 4
 
 
+def test_prices_add_the_host_work_the_ledger_measures(pair, llm, exact) -> None:
+    """The measured tables price the device's work; the host's (planning, selection, each row's
+    verification, KV bookkeeping: the step ledger's host parts) is learned from the ledger as steps
+    run and added to every price (issue 46). Where verify rows cost next to nothing on the device, as
+    on a fast GPU, that host work decides: the same free rows that make trees win in most steps when
+    the decode dominates (test_auto_tree_budget_follows_the_costs) leave them to probes here, once
+    the host work of the first steps is known. Greedy equals plain greedy throughout."""
+    prompts = _eval_prompts(3)
+    with Speculator(llm, None, n_max=0) as spec:
+        ids = {p: spec.tokenize_prompt(p) for p in prompts}
+    plain = {p: plain_greedy(llm, ids[p], N_TOKENS) for p in prompts}
+    with Speculator(llm, pair.draft, tree_budget="auto") as spec:
+        device_row, device_draft = 1e-6, 1e-7  # a device far faster than this host
+        spec.set_costs([device_row] * (BUDGET + 1), [device_draft] * spec.max_draft)
+        trees = steps = 0
+        for i, p in enumerate(prompts):
+            out = spec.generate(p, max_tokens=N_TOKENS)
+            check_greedy(out.tokens, plain[p], exact=exact, delta=pair.delta, what=("host", p))
+            if i > 0:  # the first request learns the host work
+                trees += out.stats["n_tree_steps"]
+                steps += out.stats["n_steps"]
+        e = spec.engine_stats()
+    host, model = e["host_costs"], e["tree_auto"]
+    print(f"host costs {host}; {trees} of {steps} later steps verified a tree ({model['probes']} probes)")
+    assert host["plain_per_slot_s"] > 0 and host["draft_base_s"] + host["draft_per_row_s"] > 0
+    # every price adds it: the tree's rate is its expected tokens over device + host seconds
+    b = model["best_budget"]
+    seconds = device_row + device_draft + host["draft_base_s"] + host["draft_per_row_s"] * (b + 1)
+    assert model["tree_expected_tokens"] / model["tree_rate"] == pytest.approx(seconds, rel=1e-6)
+    assert trees <= max(4, steps // 4)
+
+
 @pytest.mark.parametrize("tree_budget", [8, "auto"])
 def test_server_slots_verify_their_own_trees(pair, llm, tree_budget) -> None:
     """The server's engine, 3 slots decoding at once, each its own tree in the shared decode; then

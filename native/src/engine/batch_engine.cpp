@@ -145,14 +145,10 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
     } else if (has_head && opts.context_nodes > 0) {
         target_.set_head_capture(head_capture_);  // context drafts alone: their rejected rows need no head
     }
-    shared_policy_ = DraftLengthPolicy(max_draft_);
-    for (Slot & s : slots_) {
-        s.drafting.policy = shared_policy_;
-    }
     if (opts.tree_auto && (opts.tree_budget < 1 || !opts.drafts())) {
         throw Error("an automatic tree budget needs a largest budget >= 1 and a drafter");
     }
-    tree_policy_ = TreeBudgetPolicy(opts.tree_auto && max_draft_ > 0 ? opts.tree_budget : 0);
+    cost_model_ = CostModel(opts.n_slots, max_draft_, opts.tree_auto && max_draft_ > 0 ? opts.tree_budget : 0);
     target_.claim();
     batch_cap_ = target_.n_batch();
     const llama_model * model = llama_get_model(ctx_.ctx);
@@ -181,7 +177,8 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
             s.drafting.feed.features.reserve(static_cast<size_t>(batch_cap_ + max_draft_ + 1) * width);
             s.drafting.feed.positions.reserve(static_cast<size_t>(batch_cap_ + max_draft_ + 1));
             s.drafting.sources.set_lattice(std::make_unique<DFlashDraftSource>(
-                *s.drafting.drafter, s.drafting.feed, tree_policy_, lattice_calibration_, target_.vocab(), source_opts));
+                *s.drafting.drafter, s.drafting.feed, cost_model_.tree_policy(), cost_model_.lattice_calibration(),
+                target_.vocab(), source_opts));
         }
     }
 }
@@ -264,10 +261,26 @@ void BatchEngine::flush_rows(Slot & s) {
     stats_.graph_builds(static_cast<int64_t>(s.drafting.drafter->n_graph_builds() - builds0));
 }
 
-// A step: plan, draft, then per group of equal rows build the batch, decode, verify and commit;
-// then prompt chunks.
+// A step: the verify rows, then prompt chunks; the cost model learns the host work of steps that
+// prefilled nothing.
 int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
-    const StepLedger::Scope other(stats_.ledger(), Part::Other);  // what the parts inside do not name
+    StepLedger & ledger = stats_.ledger();
+    const double host0 = ledger.host();
+    bool plain = true;
+    int verify_rows = 0, prefill_rows = 0;
+    {
+        const StepLedger::Scope other(ledger, Part::Other);  // what the parts inside do not name
+        verify_rows = verify_step(counts, tokens, plain);
+        prefill_rows = prefill_chunks(counts, tokens);
+    }
+    if (verify_rows + prefill_rows > 0) ledger.end_step(verify_rows + prefill_rows);
+    if (verify_rows > 0 && prefill_rows == 0) cost_model_.observe_host(plain, verify_rows, ledger.host() - host0);
+    return verify_rows + prefill_rows;
+}
+
+// Plan, draft, then per group of equal rows build the batch, decode, verify and commit. Returns
+// the rows verified; plain: none of them was a draft.
+int BatchEngine::verify_step(std::vector<int32_t> & counts, std::vector<llama_token> & tokens, bool & plain) {
     counts.assign(slots_.size(), 0);
     tokens.assign(slots_.size() * (static_cast<size_t>(step_width_) + 1), -1);
     for (Slot & s : slots_) {
@@ -281,7 +294,8 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
     int rows = 0;
     for (const auto & [n_rows, members] : decodes) {
         // a plain step feeds the drafter only where its copies cost little (StepCosts::starve_plain)
-        feed_rows_ = !(n_rows == 1 && costs_.starve_plain());
+        feed_rows_ = !(n_rows == 1 && cost_model_.unfed_plain());
+        plain = plain && n_rows == 1;
         if (!feed_rows_ && feed_drafters_) stats_.unfed_step();
         const int32_t n_fillers = add_group_rows(n_rows, members);
         decode_group(n_rows, members);
@@ -296,8 +310,6 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
             }
         }
     }
-    rows += prefill_chunks(counts, tokens);
-    if (rows > 0) stats_.ledger().end_step(rows);
     return rows;
 }
 
@@ -344,8 +356,7 @@ void BatchEngine::commit_chain(int idx, Slot & s, std::vector<int32_t> & counts,
     stats_.block(s.request.stats, n, false);
     if (n > 0) {
         stats_.drafted(s.request.stats, n, n, k);
-        s.drafting.policy.observe(n, k);
-        shared_policy_.observe(n, k);
+        cost_model_.observe_chain(idx, n, k);
     }
     commit_tokens(idx, s, std::vector<llama_token>(drafts.begin(), drafts.begin() + k), v.next, nullptr, counts,
                   tokens);
@@ -405,20 +416,13 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
     const int depth = *std::max_element(t.depth.begin(), t.depth.end());
     stats_.block(s.request.stats, std::min(depth, max_draft_), true);
     stats_.drafted(s.request.stats, depth, n, k);
-    if (s.rows.block.is_merged()) {
-        // the lattice's policies learn from its own chains and trees; its nodes here teach its
-        // calibration only (DFlashDraftSource::accept)
-    } else if (tree_policy_.max_budget() > 0) {
-        // the chain's estimate learns what the chain would have done: the greedy selector's path is the tree's
-        // first-child chain (rows 1..its length), of which the path kept its first n_in_place nodes
+    // (a merged tree's lattice nodes teach its calibration only: DFlashDraftSource::accept)
+    if (!s.rows.block.is_merged()) {
+        // the greedy selector's path is the tree's first-child chain (rows 1..its length), of
+        // which the path kept its first n_in_place nodes
         int chain = 0;
         for (int node = 0; node < n; ++node) chain += node_row[static_cast<size_t>(node)] == t.depth[static_cast<size_t>(node)];
-        s.drafting.policy.observe(chain, n_in_place);
-        shared_policy_.observe(chain, n_in_place);
-        tree_policy_.observe_verify(t, path);
-    } else {
-        s.drafting.policy.observe(depth, k);
-        shared_policy_.observe(depth, k);
+        cost_model_.observe_lattice_tree(idx, t, path, chain, n_in_place);
     }
     std::vector<char> node_accepted(static_cast<size_t>(n), 0);
     for (const int32_t node : path) node_accepted[static_cast<size_t>(node)] = 1;

@@ -105,7 +105,7 @@ class BatchEngine {
     // tokens a step commits per slot at most, minus one: the drafter's block, or a context path's depth
     int step_width() const { return step_width_; }
     // rows of the largest verify the cost model prices: the chain's, or an auto tree's
-    int max_verify_rows() const { return std::max({max_draft_, tree_policy_.max_budget(), opts_.context_nodes}) + 1; }
+    int max_verify_rows() const { return std::max({max_draft_, cost_model_.max_tree_budget(), opts_.context_nodes}) + 1; }
     int32_t n_ctx_slot() const { return opts_.n_ctx_slot; }
 
     // plain_s: a plain decode's step without the drafter's features (0: not measured)
@@ -203,7 +203,6 @@ class BatchEngine {
         Drafter * drafter = nullptr;
         DrafterFeed feed;
         SlotSources sources;  // the drafter's lattice, the candidate sources, the merged tree
-        DraftLengthPolicy policy{0};
     };
     // This step's rows in the batch: the drafted block and where its rows sit.
     struct StepRows {
@@ -249,16 +248,13 @@ class BatchEngine {
 
     // step_planner.cpp
     StepPlan plan_step(std::vector<int32_t> & counts);
-    int slot_draft_length(Slot & s) const;  // the policy's wish, before the batch's caps
-    int batch_draft_length(const std::vector<size_t> & decoding) const;
-    // tree_auto: the tree budget of this step (0 = the chain's n_chain drafts)
-    int auto_tree_budget(const std::vector<size_t> & decoding, int n_chain, bool chain_probe);
+    int slot_draft_length(size_t i) const;  // the cost model's wish, before the batch's caps
     SlotPlan plan_slot(const StepPlan & plan, size_t i) const;  // the caps: context, max_tokens, share, pending
     Groups draft_blocks(const StepPlan & plan);
-    void draft(Slot & s, const SlotPlan & p);
+    void draft(size_t i, const SlotPlan & p);
     DraftRequest draft_request(Slot & s, int n, int tree_budget) const;
     void plan_context(StepPlan & plan);  // which slots draft from the context, alone or merged
-    void draft_merged(Slot & s, const SlotPlan & p);
+    void draft_merged(size_t i, const SlotPlan & p);
     void record_draft_times(const DraftBlock & block);
     int context_prefix(const DraftBlock & b) const;  // the merged tree's best prefix
 
@@ -282,7 +278,8 @@ class BatchEngine {
     const float * row_logits(int32_t row);  // of the last decode (lazily computed head rows included)
     int prefill_chunks(std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
 
-    // batch_engine.cpp: the commits of verified rows
+    // batch_engine.cpp: a step's verify rows, and the commits of verified rows
+    int verify_step(std::vector<int32_t> & counts, std::vector<llama_token> & tokens, bool & plain);
     void commit_chain(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     void commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     // (node_accepted: a tree's nodes on the accepted path, else null)
@@ -327,6 +324,9 @@ class BatchEngine {
     CallbackCapture * head_capture_ = nullptr;     // the lazy LM head's callback, else null
     TargetRunner target_;
     bool borrowed_ = false;  // the caller's context: claimed and cleared per request, no prompt cache
+    // what steps cost and each option commits, and every choice among them (declared before
+    // slots_: their lattice sources learn into its tree policy and calibration)
+    CostModel cost_model_;
     std::vector<Slot> slots_;
     int max_draft_ = 0;
     int step_width_ = 0;     // max_draft_, or deeper context paths
@@ -342,15 +342,7 @@ class BatchEngine {
     int prefill_cursor_ = 0;  // round-robin start for prompt chunks
     unsigned probe_turn_ = 0;  // round-robin choice of the slot that probes
     StatsRecorder stats_;  // the engine's and each request's counters, and the step ledger
-    StepCosts costs_;  // reapplied to each new request's policy
-    // acceptance seen over all requests: a new request starts from it, not
-    // from the optimistic prior (short requests would end before it settled)
-    DraftLengthPolicy shared_policy_{0};
-    TreeBudgetPolicy tree_policy_{0};  // tree_auto: one for the engine, as shared_policy_
-    // each source's estimates against what verification accepted (merged trees price by them)
-    PathCalibration lattice_calibration_;
     SourceKit source_kit_;  // what each kind of candidate source learns over all slots
-    int64_t n_auto_tree_steps_ = 0, n_tree_probes_ = 0;
     std::vector<float> feat_;
 };
 

@@ -18,13 +18,11 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 void BatchEngine::set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s,
                             double plain_s) {
-    costs_.verify_s = verify_s;
-    costs_.draft_s = draft_s;
-    costs_.plain_s = feed_drafters_ ? plain_s : 0.0;  // without a drafter every step is already so
-    shared_policy_.set_costs(costs_);
-    for (Slot & s : slots_) {
-        s.drafting.policy.set_costs(costs_);
-    }
+    StepCosts costs;
+    costs.verify_s = verify_s;
+    costs.draft_s = draft_s;
+    costs.plain_s = feed_drafters_ ? plain_s : 0.0;  // without a drafter every step is already so
+    cost_model_.set_costs(costs);
 }
 
 void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify_s, std::vector<double> & draft_s,

@@ -32,6 +32,7 @@ void BatchEngine::write_ledger(JsonWriter & w) const {
     w.field("verify_logic_s", sec({Part::Verify, Part::Kv}));
     w.field("graph_setup_s", sec({Part::GraphSetup}));
     w.field("step_s", l.total());
+    w.field("host_s", l.host());  // the ledger's host parts (step_ledger.h, is_host)
 }
 
 // Drafts by source, each source's own counters (a node two sources proposed counts for both):
@@ -126,7 +127,14 @@ std::string BatchEngine::stats_json() const {
     w.field("n_draft_tokens", stats_.engine().n_draft_tokens);
     w.field("n_accepted", stats_.engine().n_accepted);
     w.field("unfed_steps", stats_.engine().n_unfed_steps);  // plain steps that skipped the drafter's features
-    w.field("plain_s", costs_.plain_s);
+    w.field("plain_s", cost_model_.costs().plain_s);
+    // the host work per step the prices add, learned from the ledger (cost_model.h)
+    const HostCosts & host = cost_model_.costs().host;
+    w.key("host_costs").begin_object();
+    w.field("plain_per_slot_s", host.plain_per_slot);
+    w.field("draft_base_s", host.draft_base);
+    w.field("draft_per_row_s", host.draft_per_row);
+    w.end_object();
     write_ledger(w);
     w.field("drafter_graph_builds", stats_.engine().n_graph_builds);
     w.key("accepted_per_position").begin_array();
@@ -140,37 +148,7 @@ std::string BatchEngine::stats_json() const {
 
     for (const Slot & s : slots_) busy += s.state == State::Idle ? 0 : 1;
     w.field("busy_slots", busy);
-    if (tree_policy_.max_budget() > 0) {
-        // tree_budget = auto: the steps that verified a tree (probes included), and the model's
-        // expected accepted drafts per budget b = 1..max (what the next choice weighs)
-        w.key("tree_auto").begin_object();
-        w.field("max_budget", tree_policy_.max_budget());
-        w.field("tree_steps", n_auto_tree_steps_);
-        w.field("probes", n_tree_probes_);
-        w.key("expected_accepted").begin_array();
-        for (int b = 1; b <= tree_policy_.max_budget(); ++b) w.value(tree_policy_.expected_accepted(b));
-        w.end_array();
-        w.key("chain_acceptance").begin_array();
-        for (const double a : shared_policy_.acceptance()) w.value(a);
-        w.end_array();
-        if (costs_.has_row_cost()) {
-            // the choice one slot would make now: the best tree, against the chain's best n (0 = plain)
-            const Choice tree = tree_policy_.best([&](int nodes) { return costs_.step_seconds(1, nodes + 1, max_draft_); });
-            const int n = shared_policy_.best();
-            const Price chain = shared_policy_.price(n);
-            w.field("best_budget", tree.index);
-            w.field("tree_expected_tokens", tree.price.committed);
-            w.field("tree_rate", tree.rate);
-            w.field("chain_n", n);
-            w.field("chain_expected_tokens", chain.committed);
-            w.field("chain_rate", chain.rate());
-            w.field("plain_rate", shared_policy_.price(0).rate());
-            // the chain first: a tie keeps it
-            const bool tree_wins = best_rate(0, 1, [&](int i) { return i == 0 ? chain : tree.price; }).index == 1;
-            w.field("choice", tree_wins ? "tree" : n > 0 ? "chain" : "plain");
-        }
-        w.end_object();
-    }
+    if (cost_model_.max_tree_budget() > 0) cost_model_.write_json(w);
     w.end_object();
     return w.str();
 }
@@ -211,7 +189,7 @@ std::string BatchEngine::slot_stats_json(int slot) {
     w.field("propose_skipped", st.n_propose_skipped);
     write_source_stats(w, &s);
     w.key("acceptance_estimate").begin_array();
-    for (const double a : s.drafting.policy.acceptance()) w.value(a);
+    for (const double a : cost_model_.policy(slot).acceptance()) w.value(a);
     w.end_array();
     w.end_object();
     return w.str();

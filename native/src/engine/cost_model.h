@@ -1,72 +1,96 @@
-// The cost model of a step: the one formula that prices verifying rows and drafting blocks, the
-// one chooser (best_rate) that picks among priced options by committed tokens per second, and the
-// acceptance prior of a block position never drafted. The draft length (draft_length.h), the
-// batch's common length, the automatic tree budget (tree_budget.h), the context and merged trees'
-// prefixes (merged_draft_tree.h) and the planner's choice of source all choose here, and
-// pydflash2/draft_decision.py reads the priors and the choices through the C API.
+// The cost model: the one owner of what a step costs (the measured StepCosts) and of what each
+// option is expected to commit (each slot's and the engine's draft-length policy, the automatic
+// tree budget's policy, the lattice's calibration), and the one place that chooses among priced
+// options: the draft length, the batch's common length, the tree budget, context drafts alone or
+// merged, a merged tree's prefix, and whether a plain step feeds the drafter. The planner asks it
+// and applies the answers; the commits tell it what verification accepted.
 #pragma once
 
-#include <algorithm>
+#include "drafter/draft_tree.h"
+#include "engine/draft_length.h"
+#include "engine/path_calibration.h"
+#include "engine/step_price.h"
+#include "engine/tree_budget.h"
+
+#include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace pdf2 {
 
-// A block position never drafted counts as PRIOR_ACCEPTED accepted in PRIOR_REACHED: an unknown
-// drafter is assumed to get one draft in two.
-constexpr double PRIOR_REACHED = 2.0;
-constexpr double PRIOR_ACCEPTED = 1.0;
+class JsonWriter;
 
-// One option a step could take: the tokens it is expected to commit (per slot 1 + its expected
-// accepted drafts, summed over the slots it covers) and what the step costs.
-struct Price {
-    double committed = 1.0;
-    double seconds = 0.0;
-    double rate() const { return committed / std::max(seconds, 1e-9); }  // committed tokens per second
-};
+class CostModel {
+  public:
+    CostModel() = default;
+    // max_draft: the drafter's block (0: none); tree_max_budget > 0: tree_budget = auto up to it
+    CostModel(int n_slots, int max_draft, int tree_max_budget);
 
-// What the chooser picked: the option's index (-1: no options), its rate and its price.
-struct Choice {
-    int index = -1;
-    double rate = 0.0;
-    Price price;
-};
+    // The measured costs (every price below is made with them).
+    void set_costs(const StepCosts & costs);
+    const StepCosts & costs() const { return costs_; }
+    // enough measured to price rows beyond the first (else the planner takes the options' defaults)
+    bool priced() const { return costs_.has_row_cost(); }
+    // a plain step skips the drafter's features where that is measurably cheaper
+    bool unfed_plain() const { return costs_.starve_plain(); }
 
-// The one place that chooses: of options first..last (price(i) -> Price), the one with the best
-// rate; ties keep the earliest (the cheaper option, listed first by every caller).
-template <class PriceOf> Choice best_rate(int first, int last, PriceOf price) {
-    Choice best;
-    for (int i = first; i <= last; ++i) {
-        const Price p = price(i);
-        const double r = p.rate();
-        if (best.index < 0 || r > best.rate) best = {i, r, p};
-    }
-    return best;
-}
+    // A new request on `slot` starts from the acceptance seen over all requests, not from the
+    // optimistic prior (short requests would end before it settled).
+    void start_request(int slot);
+    const DraftLengthPolicy & policy(int slot) const { return slot_policies_[static_cast<size_t>(slot)]; }
+    int max_tree_budget() const { return tree_.max_budget(); }
+    // what the lattice's draft source learns its trees and calibration into (it drafts them)
+    TreeBudgetPolicy & tree_policy() { return tree_; }
+    PathCalibration & lattice_calibration() { return lattice_calibration_; }
 
-// Measured costs: verify_s[B-1] = seconds of a target decode of B rows, draft_s[n-1] = seconds to
-// propose a block of n drafts. Sizes past a table's end cost its last entry.
-struct StepCosts {
-    std::vector<double> verify_s;
-    std::vector<double> draft_s;
-    // The plain step the user would get without speculation: a one-row decode that skips the
-    // drafter's features (0: not measured). On a GPU their copies make a one-row verify cost up to
-    // twice this; the cost model prices plain decoding at it, and the engine then decodes plain
-    // steps so (the drafter goes without those rows).
-    double plain_s = 0.0;
+    // What verification accepted: a chain of n drafts with the first k accepted ...
+    void observe_chain(int slot, int n_drafted, int n_accepted);
+    // ... or a lattice tree (not a merged one): `path` its accepted nodes, of which the first
+    // n_in_place are its first-child chain of `chain` nodes (what the chain would have verified).
+    void observe_lattice_tree(int slot, const DraftTree & t, const std::vector<int32_t> & path, int chain,
+                              int n_in_place);
 
-    bool measured() const { return !verify_s.empty(); }
-    // enough to price rows beyond the first (the batch's linear model needs two sizes)
-    bool has_row_cost() const { return verify_s.size() >= 2; }
+    // A step's host seconds (the ledger's host parts) that verified `rows` rows and prefilled
+    // nothing; plain: it verified no drafts. The prices' host work follows them (decayed).
+    void observe_host(bool plain, int rows, double seconds);
 
-    // Plain steps skip the drafter's features where that is measurably cheaper (by 5%).
-    bool starve_plain() const { return plain_s > 0.0 && !verify_s.empty() && verify_s.front() > 1.05 * plain_s; }
-    // seconds to draft a block of n (0: nothing drafted)
-    double draft_seconds(int n) const;
-    // seconds of a step in which `n_slots` slots each verify `rows` rows after drafting n: the
-    // measured table for one slot; for several, a linear model: the first row, then the marginal
-    // row cost measured on one slot for every other row (on a CPU a batch's rows cost about the
-    // same), plus each slot's (serial) drafting
-    double step_seconds(int n_slots, int rows, int n) const;
+    // The choices.
+    int draft_length(int slot) const { return policy(slot).best(costs_); }  // one slot's, alone
+    // the drafts every decoding slot verifies: the best batch rate under the linear model of rows
+    int batch_draft_length(const std::vector<size_t> & slots) const;
+    // the probe schedule of chains: n, or a probe while plain decoding has lasted
+    int schedule_chain(int n) { return shared_.schedule(n, costs_); }
+    bool chain_probing() const { return shared_.probing(); }
+    // tree_budget = auto: this step's budget for the decoding slots (0: the chain's n_chain drafts)
+    int tree_budget(const std::vector<size_t> & slots, int n_chain, bool chain_probe);
+    // what the lattice is expected to get accepted in a step of n_drafts drafts (a tree of tree_budget nodes)
+    double lattice_expected(int slot, int tree_budget, int n_drafts) const;
+    // Context drafts: e[b] = the candidate sources' expected accepted drafts in their best tree of b
+    // nodes (b = 0..). True: their tree alone (no propose) commits at least the merged tree's rate.
+    bool context_alone(const std::vector<double> & e, double lattice_expected, int lattice_rows, int n_drafts) const;
+    // a merged tree's first nodes to verify (the best prefix; all when unpriced)
+    int tree_prefix(const DraftTree & t) const;
+
+    // The model's state and the choice one slot would make now (stats' "tree_auto").
+    void write_json(JsonWriter & w) const;
+
+  private:
+    // decayed least squares of host seconds against rows
+    struct HostFit {
+        double w = 0.0, x = 0.0, y = 0.0, xx = 0.0, xy = 0.0;
+        void add(double rows, double seconds);
+        double per_row() const { return xx > 0.0 ? xy / xx : 0.0; }  // through the origin
+        void line(double & base, double & per_row) const;             // both >= 0
+    };
+
+    StepCosts costs_;
+    HostFit plain_host_, draft_host_;
+    int max_draft_ = 0;
+    std::vector<DraftLengthPolicy> slot_policies_;
+    DraftLengthPolicy shared_{0};  // over all requests
+    TreeBudgetPolicy tree_{0};     // tree_budget = auto: one for the engine, as shared_
+    PathCalibration lattice_calibration_;  // the lattice's estimates against what verification accepted
+    int64_t n_tree_steps_ = 0, n_tree_probes_ = 0;
 };
 
 }  // namespace pdf2

@@ -66,20 +66,16 @@ int best_draft_length(const std::vector<double> & acceptance, const StepCosts & 
 
 double DraftLengthPolicy::expected_tokens(int n) const { return pdf2::expected_tokens(acceptance(), n); }
 
-double DraftLengthPolicy::expected_rate(int n) const {
-    return pdf2::expected_rate(acceptance(), costs_, n);
-}
-
-int DraftLengthPolicy::best() const {
-    if (max_draft_ == 0 || !costs_.measured()) {
+int DraftLengthPolicy::best(const StepCosts & costs) const {
+    if (max_draft_ == 0 || !costs.measured()) {
         return max_draft_;
     }
-    return best_draft_length(acceptance(), costs_);
+    return best_draft_length(acceptance(), costs);
 }
 
-int DraftLengthPolicy::schedule(int n) {
+int DraftLengthPolicy::schedule(int n, const StepCosts & costs) {
     probing_ = false;
-    if (max_draft_ == 0 || !costs_.measured()) {
+    if (max_draft_ == 0 || !costs.measured()) {
         return n;
     }
     if (n == 0) {

@@ -4,7 +4,7 @@
 // per-position acceptance estimate.
 #pragma once
 
-#include "engine/cost_model.h"
+#include "engine/step_price.h"
 
 #include <vector>
 
@@ -25,33 +25,26 @@ class DraftLengthPolicy {
   public:
     explicit DraftLengthPolicy(int max_draft);
 
-    // verify_s[B-1] = seconds for a target decode of B tokens (B = 1..max_draft+1);
-    // draft_s[n-1] = seconds for proposing a block with n drafts (n = 1..max_draft).
-    void set_costs(const StepCosts & costs) { costs_ = costs; }
-
     // One verified block: n drafts offered, the first n_accepted accepted.
     void observe(int n_drafted, int n_accepted);
 
-    // The n with the best expected rate (no probing).
-    int best() const;
+    // The n with the best expected rate under the measured costs (no probing; unmeasured: max_draft).
+    int best(const StepCosts & costs) const;
     // The probe schedule: `n` chosen elsewhere (e.g. for a whole batch of slots)
     // comes back unchanged, or as a probe when plain decoding has lasted, so that
     // the acceptance estimate can recover when the text gets easier.
-    int schedule(int n);
+    int schedule(int n, const StepCosts & costs);
     // Whether the last schedule() was a probe (n > 0 although plain decoding looked best).
     bool probing() const { return probing_; }
 
     // Conditional acceptance estimate of each position (1-based index i-1).
     std::vector<double> acceptance() const;
     double expected_tokens(int n) const;  // committed per step with n drafts (1 + accepted)
-    double expected_rate(int n) const;    // committed tokens per second
-    Price price(int n) const { return draft_price(acceptance(), costs_, n); }  // needs measured costs
 
   private:
     int max_draft_;
     std::vector<double> reached_;   // decayed count of blocks that reached position i
     std::vector<double> accepted_;  // ... in which position i was accepted
-    StepCosts costs_;
     int plain_streak_ = 0;
     bool probing_ = false;
     int probe_interval_;  // grows while probes keep confirming plain decoding

@@ -1,4 +1,4 @@
-// C API of the cost model (cost_model.h, draft_length.h): the numbers behind n_max = auto, for
+// C API of the cost model (step_price.h, draft_length.h): the numbers behind n_max = auto, for
 // explaining a decision, and the acceptance prior.
 #include <cmath>
 #include <vector>

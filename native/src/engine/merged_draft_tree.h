@@ -8,7 +8,7 @@
 #pragma once
 
 #include "drafter/draft_tree.h"
-#include "engine/cost_model.h"
+#include "engine/step_price.h"
 
 #include <llama.h>
 

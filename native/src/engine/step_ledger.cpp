@@ -11,6 +11,20 @@ const char * part_name(Part p) {
     return names[static_cast<size_t>(p)];
 }
 
+bool is_host(Part p) {
+    switch (p) {
+        case Part::Decode:
+        case Part::Sync:
+        case Part::Head:
+        case Part::Prefill:
+        case Part::Propose:
+        case Part::Inject:
+            return false;
+        default:
+            return true;
+    }
+}
+
 StepLedger::Scope::Scope(StepLedger & ledger, Part part) : ledger_(ledger), part_(part), t0_(Clock::now()) {
     ledger_.inner_.push_back(0.0);
 }
@@ -29,5 +43,11 @@ void StepLedger::add(Part part, double seconds) {
 }
 
 double StepLedger::total() const { return std::accumulate(seconds_.begin(), seconds_.end(), 0.0); }
+
+double StepLedger::host() const {
+    double t = 0.0;
+    for (size_t i = 0; i < kParts; ++i) t += is_host(static_cast<Part>(i)) ? seconds_[i] : 0.0;
+    return t;
+}
 
 }  // namespace pdf2

@@ -35,6 +35,9 @@ enum class Part : uint8_t {
 };
 inline constexpr size_t kParts = static_cast<size_t>(Part::Count);
 const char * part_name(Part p);  // "plan", "offers", ...
+// The host's share: every part but the target's forward (decode, sync, head, prefill) and the
+// drafter's graphs (propose, inject): what a GPU cannot hide behind its decode.
+bool is_host(Part p);
 
 class StepLedger {
   public:
@@ -58,6 +61,7 @@ class StepLedger {
     void add(Part part, double seconds);
     double seconds(Part part) const { return seconds_[static_cast<size_t>(part)]; }
     double total() const;  // all parts: the steps' time
+    double host() const;   // the host parts (is_host)
     // a step ended: counts it and its rows (the parts above are sums over all steps)
     void end_step(int64_t rows) {
         steps_ += 1;

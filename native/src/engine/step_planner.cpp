@@ -10,50 +10,12 @@
 
 namespace pdf2 {
 
-int BatchEngine::slot_draft_length(Slot & s) const {
-    if (s.drafting.drafter == nullptr || max_draft_ == 0) {
+int BatchEngine::slot_draft_length(size_t i) const {
+    if (slots_[i].drafting.drafter == nullptr || max_draft_ == 0) {
         return 0;
     }
-    return opts_.draft_length == DraftLength::Adaptive ? s.drafting.policy.best() : max_draft_;  // probes: plan_step()
-}
-
-// Each slot's policy prices a block as if it were decoded alone, where a drafted row costs a
-// fraction of the first (weights are read once). In a batch of many slots on a CPU every row
-// costs about the same, so the common length maximises the batch's rate under the cost model's
-// linear model (StepCosts::step_seconds).
-int BatchEngine::batch_draft_length(const std::vector<size_t> & decoding) const {
-    const int n_decoding = static_cast<int>(decoding.size());
-    return best_rate(0, max_draft_, [&](int n) {
-        double tokens = 0.0;
-        for (const size_t i : decoding) tokens += slots_[i].drafting.policy.expected_tokens(n);
-        return Price{tokens, costs_.step_seconds(n_decoding, n + 1, n)};
-    }).index;
-}
-
-int BatchEngine::auto_tree_budget(const std::vector<size_t> & decoding, int n_chain, bool chain_probe) {
-    if (tree_policy_.max_budget() == 0 || decoding.empty() || !costs_.has_row_cost()) {
-        return 0;
-    }
-    const int n_decoding = static_cast<int>(decoding.size());
-    double chain_tokens = 0.0;
-    for (const size_t i : decoding) chain_tokens += slots_[i].drafting.policy.expected_tokens(n_chain);
-    const Price chain{chain_tokens, costs_.step_seconds(n_decoding, n_chain + 1, n_chain)};
-    // per slot: (1 + expected accepted) over its share of the step
-    const Choice tree = tree_policy_.best(
-        [&](int nodes) { return costs_.step_seconds(n_decoding, nodes + 1, max_draft_) / n_decoding; });
-    const int best_budget = tree.index;
-    // the chain first: a tie keeps it
-    const bool chosen = tree_policy_.has_trees() && best_budget > 0 &&
-                        best_rate(0, 1, [&](int i) { return i == 0 ? chain : tree.price; }).index == 1;
-    // a chosen tree restarts the probe schedule; no tree probe while the chain probes (one at a time)
-    const bool probe = (chosen || !chain_probe) && tree_policy_.schedule(chosen);
-    const int budget = chosen ? best_budget
-                       : !probe ? 0
-                       : tree_policy_.has_trees() && best_budget > 0 ? best_budget
-                                                                     : tree_policy_.probe_budget();
-    n_tree_probes_ += probe ? 1 : 0;
-    n_auto_tree_steps_ += budget > 0 ? 1 : 0;
-    return budget;
+    return opts_.draft_length == DraftLength::Adaptive ? cost_model_.draft_length(static_cast<int>(i))
+                                                       : max_draft_;  // probes: plan_step()
 }
 
 // Every decoding slot verifies the same number of rows: llama.cpp splits a multi-sequence batch
@@ -69,21 +31,21 @@ BatchEngine::StepPlan BatchEngine::plan_step(std::vector<int32_t> & counts) {
         }
         if (s.state == State::Decode) {
             plan.decoding.push_back(i);
-            plan.common_length = std::max(plan.common_length, slot_draft_length(s));
+            plan.common_length = std::max(plan.common_length, slot_draft_length(i));
         }
     }
     const int n_decoding = static_cast<int>(plan.decoding.size());
     const bool adaptive = opts_.draft_length == DraftLength::Adaptive && max_draft_ > 0;
-    if (adaptive && costs_.has_row_cost() && n_decoding > 1) {
-        plan.common_length = batch_draft_length(plan.decoding);
+    if (adaptive && cost_model_.priced() && n_decoding > 1) {
+        plan.common_length = cost_model_.batch_draft_length(plan.decoding);
     }
     // While nobody drafts, a probe now and then lets the acceptance estimate
     // recover. One schedule for the engine, counted in steps (a new request
     // does not restart it: with many short requests, per-request schedules
     // probed in most of them), and one slot probes at a time, in turn.
     if (adaptive && n_decoding > 0) {
-        const int n = shared_policy_.schedule(plan.common_length);
-        if (shared_policy_.probing()) {
+        const int n = cost_model_.schedule_chain(plan.common_length);
+        if (cost_model_.chain_probing()) {
             plan.probe_slot = static_cast<int>(plan.decoding[static_cast<size_t>(probe_turn_++) % plan.decoding.size()]);
             plan.probe_length = n;
         }
@@ -91,7 +53,7 @@ BatchEngine::StepPlan BatchEngine::plan_step(std::vector<int32_t> & counts) {
     // tree_budget = auto: a tree for every decoding slot when the cost model prices it above the
     // chain's choice (or now and then as a probe), at the block's full depth; else the chain
     plan.tree_budget = !opts_.tree_auto ? opts_.tree_budget
-                                        : auto_tree_budget(plan.decoding, plan.common_length, plan.probe_slot >= 0);
+                                        : cost_model_.tree_budget(plan.decoding, plan.common_length, plan.probe_slot >= 0);
     if (opts_.tree_auto && plan.tree_budget > 0) {
         plan.common_length = max_draft_;
         plan.probe_slot = -1;
@@ -106,9 +68,7 @@ BatchEngine::StepPlan BatchEngine::plan_step(std::vector<int32_t> & counts) {
 
 // Context drafts: a slot whose context matches verifies the context's tree alone (no propose) when
 // the cost model prices that at least as fast as the drafter's plan with the context merged in;
-// else the merged tree. The context's candidates are known before any drafting, calibrated; the
-// merged tree's gain over either source is not (its lattice half comes with the propose), so it
-// is priced at the better source's expectation, a lower bound.
+// else the merged tree.
 void BatchEngine::plan_context(StepPlan & plan) {
     if (opts_.context_nodes == 0) return;
     for (const size_t i : plan.decoding) {
@@ -131,8 +91,7 @@ void BatchEngine::plan_context(StepPlan & plan) {
         if (e.size() <= 1) continue;  // no match: the drafter's plan
         p.context_depth = depth;
         p.context_nodes = nodes;
-        const bool lattice = s.drafting.drafter != nullptr && p.n_drafts > 0;
-        if (!lattice) {
+        if (s.drafting.drafter == nullptr || p.n_drafts <= 0) {
             p.source = Source::Context;
             continue;
         }
@@ -140,21 +99,9 @@ void BatchEngine::plan_context(StepPlan & plan) {
             p.source = Source::Merged;  // a fixed tree: the budget is shared, every step
             continue;
         }
-        const double lattice_expected = p.tree_budget > 0 && tree_policy_.has_trees()
-                                            ? tree_policy_.expected_accepted(p.tree_budget)
-                                            : s.drafting.policy.expected_tokens(p.n_drafts) - 1.0;
-        if (!costs_.has_row_cost()) {
-            p.source = e.back() >= lattice_expected ? Source::Context : Source::Merged;
-            continue;
-        }
-        const auto context_price = [&](int b) { return Price{1.0 + e[static_cast<size_t>(b)], costs_.step_seconds(1, b + 1, 0)}; };
-        const int context_rows = best_rate(0, static_cast<int>(e.size()) - 1, context_price).index + 1;
-        const double context_expected = e[static_cast<size_t>(context_rows - 1)];
         const int lattice_rows = 1 + (p.tree_budget > 0 ? p.tree_budget : p.n_drafts);
-        const Price merged{1.0 + std::max(context_expected, lattice_expected),
-                           costs_.step_seconds(1, std::max(context_rows, lattice_rows), p.n_drafts)};
-        // the context alone first: a tie keeps it (no propose)
-        const bool alone = best_rate(0, 1, [&](int i) { return i == 0 ? context_price(context_rows - 1) : merged; }).index == 0;
+        const double lattice = cost_model_.lattice_expected(static_cast<int>(i), p.tree_budget, p.n_drafts);
+        const bool alone = cost_model_.context_alone(e, lattice, lattice_rows, p.n_drafts);
         p.source = alone ? Source::Context : Source::Merged;
     }
 }
@@ -163,8 +110,7 @@ void BatchEngine::plan_context(StepPlan & plan) {
 // fixed budget's size, or (no measured costs) all.
 int BatchEngine::context_prefix(const DraftBlock & b) const {
     if (opts_.tree_budget > 0 && !opts_.tree_auto) return std::min(b.tree.size(), opts_.tree_budget);
-    if (!costs_.has_row_cost()) return b.tree.size();
-    return best_prefix(b.tree, [&](int n) { return costs_.step_seconds(1, n + 1, 0); });
+    return cost_model_.tree_prefix(b.tree);
 }
 
 // The caps of one slot: the verify rows [anchor, d1..dn] must fit its context, the request's
@@ -195,7 +141,7 @@ BatchEngine::Groups BatchEngine::draft_blocks(const StepPlan & plan) {
     Groups groups;  // a slot near its context end drafts less: a group of its own
     for (const size_t i : plan.decoding) {
         Slot & s = slots_[i];
-        draft(s, plan.slots[i]);
+        draft(i, plan.slots[i]);
         // a grammar may end the block early
         groups[static_cast<int>(s.seq.pending.size() + s.rows.block.tokens.size()) + 1].push_back(static_cast<int>(i));
     }
@@ -213,11 +159,12 @@ DraftRequest BatchEngine::draft_request(Slot & s, int n, int tree_budget) const 
     return req;
 }
 
-void BatchEngine::draft(Slot & s, const SlotPlan & p) {
+void BatchEngine::draft(size_t i, const SlotPlan & p) {
+    Slot & s = slots_[i];
     DraftBlock & block = s.rows.block;
     block.clear();
     if (p.source == Source::Merged || p.source == Source::Context) {
-        draft_merged(s, p);
+        draft_merged(i, p);
         return;
     }
     if (p.n_drafts <= 0) {
@@ -238,14 +185,15 @@ void BatchEngine::record_draft_times(const DraftBlock & block) {
 // A merged tree (merged_draft_source.h): the candidate sources' offers alone (Source::Context: no
 // propose), or with the drafter's block (the lattice's tree at the context's node budget, or a
 // DFlash1 chain); the cost model keeps its best prefix.
-void BatchEngine::draft_merged(Slot & s, const SlotPlan & p) {
+void BatchEngine::draft_merged(size_t i, const SlotPlan & p) {
+    Slot & s = slots_[i];
     DraftBlock & block = s.rows.block;
     const bool lattice = p.source == Source::Merged;
     DraftRequest req = draft_request(s, lattice ? std::max(1, std::min(max_draft_, p.context_depth)) : 0,
                                      p.context_nodes);
     req.depth = p.context_depth;
     req.max_leaves = lattice ? tree_branches_ : kContextBranches;
-    const std::vector<double> chain_acceptance = lattice ? s.drafting.policy.acceptance() : std::vector<double>{};
+    const std::vector<double> chain_acceptance = lattice ? cost_model_.policy(static_cast<int>(i)).acceptance() : std::vector<double>{};
     req.chain_acceptance = &chain_acceptance;
     const StepLedger::Scope select(stats_.ledger(), Part::Select);  // the source's own timers split it
     s.drafting.sources.merged().draft(req, block);

@@ -9,7 +9,7 @@
 #pragma once
 
 #include "drafter/draft_tree.h"
-#include "engine/cost_model.h"
+#include "engine/step_price.h"
 #include "engine/path_calibration.h"
 
 #include <algorithm>

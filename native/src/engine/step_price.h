@@ -1,0 +1,84 @@
+// What a step costs and what it commits: the one formula that prices verifying rows and drafting
+// blocks (StepCosts), the one rate (Price::rate, committed tokens per second), the one chooser
+// (best_rate) that picks among priced options, and the acceptance prior of a block position never
+// drafted. The cost model (cost_model.h) and the policies it owns choose with these;
+// pydflash2/draft_decision.py reads the priors and the choices through the C API.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+namespace pdf2 {
+
+// A block position never drafted counts as PRIOR_ACCEPTED accepted in PRIOR_REACHED: an unknown
+// drafter is assumed to get one draft in two.
+constexpr double PRIOR_REACHED = 2.0;
+constexpr double PRIOR_ACCEPTED = 1.0;
+
+// One option a step could take: the tokens it is expected to commit (per slot 1 + its expected
+// accepted drafts, summed over the slots it covers) and what the step costs.
+struct Price {
+    double committed = 1.0;
+    double seconds = 0.0;
+    double rate() const { return committed / std::max(seconds, 1e-9); }  // committed tokens per second
+};
+
+// What the chooser picked: the option's index (-1: no options), its rate and its price.
+struct Choice {
+    int index = -1;
+    double rate = 0.0;
+    Price price;
+};
+
+// The one place that chooses: of options first..last (price(i) -> Price), the one with the best
+// rate; ties keep the earliest (the cheaper option, listed first by every caller).
+template <class PriceOf> Choice best_rate(int first, int last, PriceOf price) {
+    Choice best;
+    for (int i = first; i <= last; ++i) {
+        const Price p = price(i);
+        const double r = p.rate();
+        if (best.index < 0 || r > best.rate) best = {i, r, p};
+    }
+    return best;
+}
+
+// Host work a step does that the measured tables leave out (the step ledger's host parts:
+// planning, selection, each row's verification, KV bookkeeping, feature copies), learned as steps
+// run (CostModel::observe_host): a sliver of a CPU's decode, much of a fast device's step.
+struct HostCosts {
+    double plain_per_slot = 0.0;  // a plain step's, per slot
+    double draft_base = 0.0;      // a step that verifies drafts: a base, and per verify row
+    double draft_per_row = 0.0;
+    double seconds(bool plain, int n_slots, int rows) const {
+        return plain ? plain_per_slot * n_slots : draft_base + draft_per_row * n_slots * rows;
+    }
+};
+
+// Measured costs: verify_s[B-1] = seconds of a target decode of B rows, draft_s[n-1] = seconds to
+// propose a block of n drafts. Sizes past a table's end cost its last entry.
+struct StepCosts {
+    std::vector<double> verify_s;
+    std::vector<double> draft_s;
+    // The plain step the user would get without speculation: a one-row decode that skips the
+    // drafter's features (0: not measured). On a GPU their copies make a one-row verify cost up to
+    // twice this; the cost model prices plain decoding at it, and the engine then decodes plain
+    // steps so (the drafter goes without those rows).
+    double plain_s = 0.0;
+    HostCosts host;  // added to every step's price
+
+    bool measured() const { return !verify_s.empty(); }
+    // enough to price rows beyond the first (the batch's linear model needs two sizes)
+    bool has_row_cost() const { return verify_s.size() >= 2; }
+
+    // Plain steps skip the drafter's features where that is measurably cheaper (by 5%).
+    bool starve_plain() const { return plain_s > 0.0 && !verify_s.empty() && verify_s.front() > 1.05 * plain_s; }
+    // seconds to draft a block of n (0: nothing drafted)
+    double draft_seconds(int n) const;
+    // seconds of a step in which `n_slots` slots each verify `rows` rows after drafting n: the
+    // measured table for one slot; for several, a linear model: the first row, then the marginal
+    // row cost measured on one slot for every other row (on a CPU a batch's rows cost about the
+    // same), plus each slot's (serial) drafting; then the host's work
+    double step_seconds(int n_slots, int rows, int n) const;
+};
+
+}  // namespace pdf2
