@@ -13,6 +13,7 @@ nothing; a server engine's slots verify their own trees in the shared decode.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,6 +198,27 @@ def test_tree_kv_holds_exactly_the_committed_tokens(pair, llm, exact) -> None:
         # the tree's batched rows round differently from a prefill's on the stock build: by as much
         # as batches of 8 against batch-1 decoding, 1.64 at most (tests/lossless.py), x 2 safety
         assert np.max(np.abs(got - want)) < 2 * 1.64, np.max(np.abs(got - want))
+
+
+def test_a_request_starts_on_an_empty_borrowed_context(pair, llm) -> None:
+    """Engines that share one Llama leave each other nothing: a tree engine's branch sequences keep
+    cells after its request (for its next tree), and the next engine's request, plain here, starts on
+    an empty KV cache. Cells left in a unified cache move where a decode's rows land and how many
+    cells attention reads, which flips near-ties (benchmarks/ab_builds.py saw it)."""
+    with Speculator(llm, pair.draft, n_max=7, tree_budget=BUDGET) as spec:
+        prompt = spec.tokenize_prompt(_eval_prompts(2)[-1])
+        spec.generate(prompt, max_tokens=24)
+        ctx = spec._capturing.ctx if spec._capturing is not None else llm._ctx.ctx
+        mem = llama_cpp.llama_get_memory(ctx)
+        assert any(llama_cpp.llama_memory_seq_pos_max(mem, b) >= 0 for b in range(1, BUDGET + 1))
+    with Speculator(llm, None, n_max=0) as plain:
+        same = plain._capturing.ctx if plain._capturing is not None else llm._ctx.ctx
+        assert ctypes.cast(same, ctypes.c_void_p).value == ctypes.cast(ctx, ctypes.c_void_p).value
+        out = plain.generate(prompt, max_tokens=8)
+        assert len(out.tokens) == 8
+        for b in range(1, BUDGET + 1):
+            assert llama_cpp.llama_memory_seq_pos_max(mem, b) == -1, b
+        assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == len(prompt) + len(out.tokens) - 2
 
 
 def test_auto_tree_budget_follows_the_costs(pair, llm, exact) -> None:

@@ -53,9 +53,12 @@ void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, std::
     }
     if (borrowed_) {
         // the owner may have decoded in its context since, and other engines may share it:
-        // its taps are set for this engine again, and nothing it holds is trusted
+        // its taps are set for this engine again, and nothing it holds is trusted; its cells go too
+        // (another engine's tree branches keep theirs after a request): left in a unified cache, they
+        // move where this request's rows land and how many cells attention reads, which flips near-ties
         target_.claim();
         s.seq.history.clear();
+        llama_memory_clear(llama_get_memory(ctx_.ctx), false);
     }
     const int32_t keep = reuse_prefix(s, slot, prompt);
     s.request.sampler = std::move(sampler);
