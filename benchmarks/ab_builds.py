@@ -72,11 +72,13 @@ def main() -> int:
 
     cmd = [str(Path(__file__).resolve()), "--worker", "--threads", str(args.threads), "--n-ctx", str(args.n_ctx),
            "--configs", args.configs, "--python-a", "-"]
-    procs = {ab: subprocess.Popen([py, *cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                  stderr=subprocess.DEVNULL, cwd="/")
-             for ab, py in (("A", args.python_a), ("B", args.python_b))}
-    for p in procs.values():
-        assert json.loads(p.stdout.readline())["ready"]
+    # one after the other: each worker measures its step costs as it starts, which the other's start
+    # would slow (and auto chooses by those costs)
+    procs = {}
+    for ab, py in (("A", args.python_a), ("B", args.python_b)):
+        procs[ab] = subprocess.Popen([py, *cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     stderr=subprocess.DEVNULL, cwd="/")
+        assert json.loads(procs[ab].stdout.readline())["ready"]
     names = args.configs.split(",")
     print(f"A: {args.python_a}\nB: {args.python_b}\n--threads {args.threads}, {args.max_tokens} tokens, "
           f"n_ctx {args.n_ctx}, the default pair")
