@@ -94,8 +94,9 @@ def main() -> int:
                     procs[ab].stdin.flush()
                     runs[ab].append(json.loads(procs[ab].stdout.readline()))
             print(f"\n{set_name}, {len(runs['A'])} prompts, T={temp:g}")
-            print("| configuration | tau A | tau B | tok/s A | tok/s B | B/A tok/s (median per prompt) | same tokens |")
-            print("| --- | --- | --- | --- | --- | --- | --- |")
+            print("| configuration | tau A | tau B | tok/s A | tok/s B | B/A tok/s (median per prompt) | same tokens "
+                  "| A = plain A | B = plain B |")
+            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
             for name in names:
                 a = [r[name] for r in runs["A"]]
                 b = [r[name] for r in runs["B"]]
@@ -103,8 +104,12 @@ def main() -> int:
                 tps = [statistics.median(x["tps"] for x in r) for r in (a, b)]
                 ratio = statistics.median(y["tps"] / max(x["tps"], 1e-9) for x, y in zip(a, b, strict=True))
                 same = sum(x["tokens"] == y["tokens"] for x, y in zip(a, b, strict=True))
+                # at T=0 a lossless configuration answers its own build's plain tokens
+                as_plain = ["-" if "plain" not in names else
+                            f"{sum(r[name]['tokens'] == r['plain']['tokens'] for r in runs[ab])}/{len(a)}"
+                            for ab in ("A", "B")]
                 print(f"| {name} | {tau[0]:.2f} | {tau[1]:.2f} | {tps[0]:.1f} | {tps[1]:.1f} | {ratio:.3f} "
-                      f"| {same}/{len(a)} |")
+                      f"| {same}/{len(a)} | {as_plain[0]} | {as_plain[1]} |")
             sys.stdout.flush()
     for p in procs.values():
         p.stdin.close()

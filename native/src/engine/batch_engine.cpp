@@ -396,10 +396,15 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
         llama_memory_seq_cp(llama_get_memory(ctx_.ctx), branch, idx, s.seq.pos, s.seq.pos + n_in_place + 1);
     }
     {
-        // the tree's rows leave the branches, which keep the context for the next tree (sync_branch)
+        // The tree's rows leave the branches, which keep the context for the next tree (sync_branch).
+        // Every branch keeps the anchor (committed, in all of them), and the accepted one keeps the
+        // in-place path too: a branch that already ends where the slot ends needs no copy next step
+        // (each seq_rm and seq_cp walks every cell of the cache).
         const StepLedger::Scope kv(stats_.ledger(), Part::Kv);
         llama_memory_t mem = llama_get_memory(ctx_.ctx);
-        for (const int32_t b : s.rows.branches) llama_memory_seq_rm(mem, b, s.seq.pos, -1);
+        for (const int32_t b : s.rows.branches) {
+            llama_memory_seq_rm(mem, b, s.seq.pos + 1 + (b == branch ? n_in_place : 0), -1);
+        }
         s.rows.branches.clear();
     }
     s.seq.pending.clear();
