@@ -310,13 +310,17 @@ class NativeEngine:
 
     # ------------------------------------------------------------ costs
 
-    def set_costs(self, verify_s: Sequence[float], draft_s: Sequence[float], plain_s: float = 0.0) -> None:
+    def set_costs(self, verify_s: Sequence[float], draft_s: Sequence[float], plain_s: float = 0.0,
+                  learn: bool = False) -> None:
         """verify_s[B-1]: a decode of B rows; draft_s[n-1]: drafting n; plain_s: the plain step without the
-        drafter's features (0: unknown), the baseline the cost model prices plain decoding at."""
+        drafter's features (0: unknown), the baseline the cost model prices plain decoding at. learn: the
+        costs were measured on this machine, and the steps as they run correct them (a plain step's price
+        becomes what plain steps take; other decodes' the table scaled by what verify steps take)."""
         v = np.ascontiguousarray(verify_s, dtype=np.float64)
         d = np.ascontiguousarray(draft_s, dtype=np.float64)
         check(lib.pdf2_batch_engine_set_costs(self._h, ffi.from_buffer("double[]", v), len(v),
-                                              ffi.from_buffer("double[]", d), len(d), float(plain_s)), "set_costs")
+                                              ffi.from_buffer("double[]", d), len(d), float(plain_s),
+                                              int(bool(learn))), "set_costs")
 
     def measure_costs(self, prompt: Sequence[int], reps: int = 5) -> dict[str, list[float]]:
         """Times target decodes of 1..max_verify_rows tokens, drafter blocks and the plain step without
@@ -346,5 +350,5 @@ class NativeEngine:
         prompt = draft_costs.warmup_prompt(tokenize, n_ctx, self.max_verify_rows - 1)
         costs = draft_costs.load_or_measure(key, self.max_verify_rows, self.max_draft,
                                             lambda: run(lambda: self.measure_costs(prompt)))
-        self.set_costs(costs["verify_s"], costs["draft_s"], costs.get("plain_s", 0.0))
+        self.set_costs(costs["verify_s"], costs["draft_s"], costs.get("plain_s", 0.0), learn=True)
         return costs

@@ -16,6 +16,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+# How the costs are measured (BatchEngine::measure_costs): a change makes older entries stale.
+# 2: the plain step timed after another plain step, as plain decoding runs.
+_METHOD = "2"
+
 # Any text will do: costs depend on lengths, not on words.
 _WARMUP_TEXT = "The quick brown fox jumps over the lazy dog while the target model verifies a drafted block. " * 4
 
@@ -34,6 +38,7 @@ def cost_key(model_path: str, draft_path: str, device: str, n_threads: int, max_
     """What the costs depend on: both files, the drafter's device, threads, draft length, whether
     the verify runs the LM head lazily (Speculator), and the machine."""
     parts = [
+        _METHOD,
         _file_id(model_path),
         _file_id(draft_path) if draft_path else "no-drafter",  # context drafts alone time verifies only
         device,

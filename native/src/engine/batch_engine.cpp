@@ -262,25 +262,29 @@ void BatchEngine::flush_rows(Slot & s) {
 }
 
 // A step: the verify rows, then prompt chunks; the cost model learns the host work of steps that
-// prefilled nothing.
+// prefilled nothing, and the device's of those that were one decode.
 int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
     StepLedger & ledger = stats_.ledger();
     const double host0 = ledger.host();
-    bool plain = true;
-    int verify_rows = 0, prefill_rows = 0;
+    const auto device = [&] { return ledger.seconds(Part::Decode) + ledger.seconds(Part::Sync) + ledger.seconds(Part::Head); };
+    const double device0 = device();
+    VerifyShape verify;
+    int prefill_rows = 0;
     {
         const StepLedger::Scope other(ledger, Part::Other);  // what the parts inside do not name
-        verify_rows = verify_step(counts, tokens, plain);
+        verify = verify_step(counts, tokens);
         prefill_rows = prefill_chunks(counts, tokens);
     }
-    if (verify_rows + prefill_rows > 0) ledger.end_step(verify_rows + prefill_rows);
-    if (verify_rows > 0 && prefill_rows == 0) cost_model_.observe_host(plain, verify_rows, ledger.host() - host0);
-    return verify_rows + prefill_rows;
+    if (verify.rows + prefill_rows > 0) ledger.end_step(verify.rows + prefill_rows);
+    if (verify.rows > 0 && prefill_rows == 0) {
+        cost_model_.observe_host(verify.plain, verify.rows, ledger.host() - host0);
+        if (verify.decodes == 1) cost_model_.observe_device(verify.plain, verify.slots, verify.rows_per_slot, device() - device0);
+    }
+    return verify.rows + prefill_rows;
 }
 
-// Plan, draft, then per group of equal rows build the batch, decode, verify and commit. Returns
-// the rows verified; plain: none of them was a draft.
-int BatchEngine::verify_step(std::vector<int32_t> & counts, std::vector<llama_token> & tokens, bool & plain) {
+// Plan, draft, then per group of equal rows build the batch, decode, verify and commit.
+BatchEngine::VerifyShape BatchEngine::verify_step(std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
     counts.assign(slots_.size(), 0);
     tokens.assign(slots_.size() * (static_cast<size_t>(step_width_) + 1), -1);
     for (Slot & s : slots_) {
@@ -291,15 +295,18 @@ int BatchEngine::verify_step(std::vector<int32_t> & counts, std::vector<llama_to
         return plan_step(counts);
     }();
     const Decodes decodes = group_decodes(draft_blocks(plan));
-    int rows = 0;
+    VerifyShape shape;
     for (const auto & [n_rows, members] : decodes) {
         // a plain step feeds the drafter only where its copies cost little (StepCosts::starve_plain)
         feed_rows_ = !(n_rows == 1 && cost_model_.unfed_plain());
-        plain = plain && n_rows == 1;
+        shape.plain = shape.plain && n_rows == 1;
         if (!feed_rows_ && feed_drafters_) stats_.unfed_step();
         const int32_t n_fillers = add_group_rows(n_rows, members);
         decode_group(n_rows, members);
-        rows += batch_.n_tokens - n_fillers;
+        shape.rows += batch_.n_tokens - n_fillers;
+        shape.decodes += 1;
+        shape.slots = static_cast<int>(members.size());
+        shape.rows_per_slot = n_rows;
         for (const int i : members) {
             Slot & s = slots_[static_cast<size_t>(i)];
             s.seq.pending.clear();  // decoded ahead of this step's rows
@@ -310,7 +317,7 @@ int BatchEngine::verify_step(std::vector<int32_t> & counts, std::vector<llama_to
             }
         }
     }
-    return rows;
+    return shape;
 }
 
 // The committed tokens of a verified step: out[0..k) the accepted drafts, out[k] the next anchor.

@@ -108,8 +108,10 @@ class BatchEngine {
     int max_verify_rows() const { return std::max({max_draft_, cost_model_.max_tree_budget(), opts_.context_nodes}) + 1; }
     int32_t n_ctx_slot() const { return opts_.n_ctx_slot; }
 
-    // plain_s: a plain decode's step without the drafter's features (0: not measured)
-    void set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s, double plain_s = 0.0);
+    // plain_s: a plain decode's step without the drafter's features (0: not measured); learn: the
+    // costs were measured here and the steps as they run correct them (CostModel::observe_device)
+    void set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s, double plain_s = 0.0,
+                   bool learn = false);
     // Times target decodes of B = 1..max_verify_rows() rows, drafter blocks of n = 1..max_draft
     // drafts, and a plain decode that skips the drafter's features, on a slot that has finished its
     // prefill.
@@ -279,7 +281,14 @@ class BatchEngine {
     int prefill_chunks(std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
 
     // batch_engine.cpp: a step's verify rows, and the commits of verified rows
-    int verify_step(std::vector<int32_t> & counts, std::vector<llama_token> & tokens, bool & plain);
+    struct VerifyShape {
+        int rows = 0;           // verified (fillers left out)
+        bool plain = true;      // none of them a draft
+        int decodes = 0;        // groups of equal rows, a target decode each
+        int slots = 0;          // the last group's slots, and each one's rows (fillers included)
+        int rows_per_slot = 0;
+    };
+    VerifyShape verify_step(std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     void commit_chain(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     void commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
     // (node_accepted: a tree's nodes on the accepted path, else null)

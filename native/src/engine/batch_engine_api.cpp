@@ -152,14 +152,15 @@ extern "C" int pdf2_batch_engine_set_exact_batches(pdf2_batch_engine * e, int32_
 }
 
 extern "C" int pdf2_batch_engine_set_costs(pdf2_batch_engine * e, const double * verify_s, int32_t n_verify,
-                                           const double * draft_s, int32_t n_draft, double plain_s) {
+                                           const double * draft_s, int32_t n_draft, double plain_s,
+                                           int32_t learn) {
     return pdf2::guarded<int>(-1, [&] {
         if (verify_s == nullptr || n_verify < 1 || (n_draft > 0 && draft_s == nullptr)) {
             throw pdf2::Error("costs: verify_s needs at least one entry");
         }
         if (!std::isfinite(plain_s) || plain_s < 0.0) throw pdf2::Error("costs: plain_s must be finite and >= 0");
         get(e).set_costs(std::vector<double>(verify_s, verify_s + n_verify),
-                         std::vector<double>(draft_s, draft_s + std::max(0, n_draft)), plain_s);
+                         std::vector<double>(draft_s, draft_s + std::max(0, n_draft)), plain_s, learn != 0);
         return 0;
     });
 }

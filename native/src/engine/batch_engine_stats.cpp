@@ -135,6 +135,13 @@ std::string BatchEngine::stats_json() const {
     w.field("draft_base_s", host.draft_base);
     w.field("draft_per_row_s", host.draft_per_row);
     w.end_object();
+    // the tables as the steps saw them (learned costs only): a plain step's device seconds (0: none
+    // seen) and the verify decodes' against the table
+    const DeviceCorrection & seen = cost_model_.costs().seen;
+    w.key("device_seen").begin_object();
+    w.field("plain_s", seen.plain);
+    w.field("verify_scale", seen.verify_scale);
+    w.end_object();
     write_ledger(w);
     w.field("drafter_graph_builds", stats_.engine().n_graph_builds);
     w.key("accepted_per_position").begin_array();

@@ -13,14 +13,40 @@ CostModel::CostModel(int n_slots, int max_draft, int tree_max_budget)
       shared_(max_draft),
       tree_(tree_max_budget) {}
 
-void CostModel::set_costs(const StepCosts & costs) {
+namespace {
+constexpr double DECAY = 0.97;  // host work drifts with the text (context matches, tree shapes), device work with the context
+}
+
+void CostModel::set_costs(const StepCosts & costs, bool learn) {
     const HostCosts host = costs_.host;  // learned here, not measured with the tables
     costs_ = costs;
     costs_.host = host;
+    costs_.seen = DeviceCorrection{};  // the device's corrections are relative to the old tables
+    plain_seen_ = verify_seen_ = SeenSum{};
+    learn_device_ = learn;
+}
+
+void CostModel::SeenSum::add(double seen_s, double table_s) {
+    w = DECAY * w + 1.0;
+    seen = DECAY * seen + seen_s;
+    table = DECAY * table + table_s;
+}
+
+void CostModel::observe_device(bool plain, int n_slots, int rows, double seconds) {
+    if (!learn_device_ || !costs_.measured() || n_slots <= 0 || rows <= 0 || !(seconds > 0.0)) return;
+    constexpr double MIN_STEPS = 3.0;  // one slow step (a page fault, a preempted thread) must not decide
+    if (plain && n_slots == 1) {
+        plain_seen_.add(seconds, 0.0);
+        if (plain_seen_.w >= MIN_STEPS) costs_.seen.plain = plain_seen_.seen / plain_seen_.w;
+        return;
+    }
+    verify_seen_.add(seconds, costs_.table_verify_seconds(n_slots, rows, plain));
+    if (verify_seen_.w >= MIN_STEPS && verify_seen_.table > 0.0) {
+        costs_.seen.verify_scale = std::clamp(verify_seen_.seen / verify_seen_.table, 0.01, 100.0);
+    }
 }
 
 void CostModel::HostFit::add(double rows, double seconds) {
-    constexpr double DECAY = 0.97;  // host work drifts with the text (context matches, tree shapes)
     w = DECAY * w + 1.0;
     x = DECAY * x + rows;
     y = DECAY * y + seconds;

@@ -26,8 +26,9 @@ class CostModel {
     // max_draft: the drafter's block (0: none); tree_max_budget > 0: tree_budget = auto up to it
     CostModel(int n_slots, int max_draft, int tree_max_budget);
 
-    // The measured costs (every price below is made with them).
-    void set_costs(const StepCosts & costs);
+    // The measured costs (every price below is made with them). learn: they were measured on this
+    // machine, and the steps as they run correct them (observe_device); else they stay as given.
+    void set_costs(const StepCosts & costs, bool learn);
     const StepCosts & costs() const { return costs_; }
     // enough measured to price rows beyond the first (else the planner takes the options' defaults)
     bool priced() const { return costs_.has_row_cost(); }
@@ -53,6 +54,11 @@ class CostModel {
     // A step's host seconds (the ledger's host parts) that verified `rows` rows and prefilled
     // nothing; plain: it verified no drafts. The prices' host work follows them (decayed).
     void observe_host(bool plain, int rows, double seconds);
+    // A step that was one target decode of `n_slots` slots verifying `rows` rows each, and its
+    // device seconds (the ledger's decode, sync and lazy head); plain: no drafts. Where costs are
+    // learned, a one-slot plain step's price becomes what plain steps took, and every other
+    // decode's the table scaled by what the verify steps took against it (decayed).
+    void observe_device(bool plain, int n_slots, int rows, double seconds);
 
     // The choices.
     int draft_length(int slot) const { return policy(slot).best(costs_); }  // one slot's, alone
@@ -83,8 +89,16 @@ class CostModel {
         void line(double & base, double & per_row) const;             // both >= 0
     };
 
+    // decayed sums of what steps took and what the table said they would
+    struct SeenSum {
+        double w = 0.0, seen = 0.0, table = 0.0;
+        void add(double seen_s, double table_s);
+    };
+
     StepCosts costs_;
+    bool learn_device_ = false;
     HostFit plain_host_, draft_host_;
+    SeenSum plain_seen_, verify_seen_;
     int max_draft_ = 0;
     std::vector<DraftLengthPolicy> slot_policies_;
     DraftLengthPolicy shared_{0};  // over all requests

@@ -11,17 +11,27 @@ double StepCosts::draft_seconds(int n) const {
     return draft_s[std::min(static_cast<size_t>(n - 1), draft_s.size() - 1)];
 }
 
-double StepCosts::step_seconds(int n_slots, int rows, int n) const {
+double StepCosts::table_verify_seconds(int n_slots, int rows, bool plain_step) const {
     const std::vector<double> & v = verify_s;
-    const double draft = draft_seconds(n);
-    const bool plain_step = rows <= 1 && n == 0;
-    const bool plain = plain_step && starve_plain();  // what a plain step costs then
-    const double host_s = host.seconds(plain_step, std::max(n_slots, 1), std::max(rows, 1));
+    const double first = plain_step && starve_plain() ? plain_s : v.front();
+    rows = std::max(rows, 1);
     if (n_slots <= 1) {
-        return host_s + (plain ? plain_s : v[std::min(static_cast<size_t>(std::max(rows, 1) - 1), v.size() - 1)] + draft);
+        return rows == 1 ? first : v[std::min(static_cast<size_t>(rows - 1), v.size() - 1)];
     }
     const double row = std::max(0.0, (v.back() - v.front()) / static_cast<double>(v.size() - 1));
-    return host_s + (plain ? plain_s : v.front()) + (n_slots * rows - 1.0) * row + n_slots * draft;
+    return first + (n_slots * rows - 1.0) * row;
+}
+
+double StepCosts::step_seconds(int n_slots, int rows, int n) const {
+    n_slots = std::max(n_slots, 1);
+    const bool plain_step = rows <= 1 && n == 0;
+    const double host_s = host.seconds(plain_step, n_slots, std::max(rows, 1));
+    // a plain step as plain steps ran (its first row), else the table as the verify steps saw it
+    const double device = plain_step && seen.plain > 0.0
+                              ? seen.plain + (n_slots - 1.0) * seen.verify_scale *
+                                                 (table_verify_seconds(n_slots, 1, true) - table_verify_seconds(1, 1, true))
+                              : seen.verify_scale * table_verify_seconds(n_slots, rows, plain_step);
+    return host_s + device + n_slots * draft_seconds(n);
 }
 
 }  // namespace pdf2

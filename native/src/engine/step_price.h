@@ -54,6 +54,15 @@ struct HostCosts {
     }
 };
 
+// The device's work as the steps run, against the measured tables (CostModel::observe_step): a
+// table measured once, in a loop of its own, misprices what a step sees in use (a plain step right
+// after another reuses its graph and finds the weights in cache; one after the drafter's graphs
+// does not): measured 10.5-11.4 ms for SmolLM2's plain step on 2 threads against 7-8.6 ms in use.
+struct DeviceCorrection {
+    double plain = 0.0;         // a one-slot plain step's device seconds (0: none seen yet)
+    double verify_scale = 1.0;  // the verify steps' device seconds over what the table says
+};
+
 // Measured costs: verify_s[B-1] = seconds of a target decode of B rows, draft_s[n-1] = seconds to
 // propose a block of n drafts. Sizes past a table's end cost its last entry.
 struct StepCosts {
@@ -65,6 +74,7 @@ struct StepCosts {
     // steps so (the drafter goes without those rows).
     double plain_s = 0.0;
     HostCosts host;  // added to every step's price
+    DeviceCorrection seen;  // the tables corrected by the steps as they ran (where costs are learned)
 
     bool measured() const { return !verify_s.empty(); }
     // enough to price rows beyond the first (the batch's linear model needs two sizes)
@@ -74,10 +84,13 @@ struct StepCosts {
     bool starve_plain() const { return plain_s > 0.0 && !verify_s.empty() && verify_s.front() > 1.05 * plain_s; }
     // seconds to draft a block of n (0: nothing drafted)
     double draft_seconds(int n) const;
+    // the measured table's seconds of a target decode in which `n_slots` slots each verify `rows`
+    // rows: the table for one slot; for several, a linear model: the first row (a plain step's
+    // where plain steps are so priced), then the marginal row cost measured on one slot for every
+    // other row (on a CPU a batch's rows cost about the same)
+    double table_verify_seconds(int n_slots, int rows, bool plain_step) const;
     // seconds of a step in which `n_slots` slots each verify `rows` rows after drafting n: the
-    // measured table for one slot; for several, a linear model: the first row, then the marginal
-    // row cost measured on one slot for every other row (on a CPU a batch's rows cost about the
-    // same), plus each slot's (serial) drafting; then the host's work
+    // table's decode as the steps saw it (`seen`), each slot's (serial) drafting, the host's work
     double step_seconds(int n_slots, int rows, int n) const;
 };
 
