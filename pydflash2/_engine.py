@@ -311,16 +311,18 @@ class NativeEngine:
     # ------------------------------------------------------------ costs
 
     def set_costs(self, verify_s: Sequence[float], draft_s: Sequence[float], plain_s: float = 0.0,
-                  learn: bool = False) -> None:
+                  learn: bool = False, head_s: float = 0.0) -> None:
         """verify_s[B-1]: a decode of B rows; draft_s[n-1]: drafting n; plain_s: the plain step without the
-        drafter's features (0: unknown), the baseline the cost model prices plain decoding at. learn: the
+        drafter's features (0: unknown), the baseline the cost model prices plain decoding at; head_s: the
+        lazy LM head's product for one more row a verify reads (0: none; a verify committing k tokens reads
+        k rows, its table entry one). learn: the
         costs were measured on this machine, and the steps as they run correct them (a plain step's price
         becomes what plain steps take; other decodes' the table scaled by what verify steps take)."""
         v = np.ascontiguousarray(verify_s, dtype=np.float64)
         d = np.ascontiguousarray(draft_s, dtype=np.float64)
         check(lib.pdf2_batch_engine_set_costs(self._h, ffi.from_buffer("double[]", v), len(v),
                                               ffi.from_buffer("double[]", d), len(d), float(plain_s),
-                                              int(bool(learn))), "set_costs")
+                                              float(head_s), int(bool(learn))), "set_costs")
 
     def measure_costs(self, prompt: Sequence[int], reps: int = 5) -> dict[str, list[float]]:
         """Times target decodes of 1..max_verify_rows tokens, drafter blocks and the plain step without
@@ -331,12 +333,13 @@ class NativeEngine:
                 pass  # prefill slot 0
             v = np.zeros(self.max_verify_rows, dtype=np.float64)
             d = np.zeros(self.max_draft, dtype=np.float64)
-            plain = ffi.new("double *")
+            plain, head = ffi.new("double *"), ffi.new("double *")
             check(lib.pdf2_batch_engine_measure_costs(self._h, 0, reps, ffi.from_buffer("double[]", v), len(v),
-                                                      ffi.from_buffer("double[]", d), len(d), plain), "measure_costs")
+                                                      ffi.from_buffer("double[]", d), len(d), plain, head),
+                  "measure_costs")
         finally:
             self.stop(0)
-        return {"verify_s": v.tolist(), "draft_s": d.tolist(), "plain_s": float(plain[0])}
+        return {"verify_s": v.tolist(), "draft_s": d.tolist(), "plain_s": float(plain[0]), "head_s": float(head[0])}
 
     def use_measured_costs(self, *, model_path: str, draft_path: str, device: str, n_threads: int,
                            lazy_head: bool, tokenize: Callable[[bytes], Sequence[int]], n_ctx: int,
@@ -350,5 +353,6 @@ class NativeEngine:
         prompt = draft_costs.warmup_prompt(tokenize, n_ctx, self.max_verify_rows - 1)
         costs = draft_costs.load_or_measure(key, self.max_verify_rows, self.max_draft,
                                             lambda: run(lambda: self.measure_costs(prompt)))
-        self.set_costs(costs["verify_s"], costs["draft_s"], costs.get("plain_s", 0.0), learn=True)
+        self.set_costs(costs["verify_s"], costs["draft_s"], costs.get("plain_s", 0.0), learn=True,
+                       head_s=costs.get("head_s", 0.0))
         return costs

@@ -273,9 +273,9 @@ class Speculator:
     # ------------------------------------------------------------ engine
 
     def set_costs(self, verify_s: Sequence[float], draft_s: Sequence[float], plain_s: float = 0.0,
-                  learn: bool = False) -> None:
+                  learn: bool = False, head_s: float = 0.0) -> None:
         """The cost model's tables (NativeEngine.set_costs); learn: the steps as they run correct them."""
-        self._native.set_costs(verify_s, draft_s, plain_s, learn)
+        self._native.set_costs(verify_s, draft_s, plain_s, learn, head_s)
 
     def measure_costs(self, prompt_tokens: Sequence[int], reps: int = 5) -> dict[str, list[float]]:
         """Times target decodes of 1..max_verify_rows tokens and drafter blocks after prompt_tokens."""

@@ -265,8 +265,8 @@ def test_prices_add_the_host_work_the_ledger_measures(pair, llm, exact) -> None:
         ids = {p: spec.tokenize_prompt(p) for p in prompts}
     plain = {p: plain_greedy(llm, ids[p], N_TOKENS) for p in prompts}
     with Speculator(llm, pair.draft, tree_budget="auto") as spec:
-        device_row, device_draft = 1e-6, 1e-7  # a device far faster than this host
-        spec.set_costs([device_row] * (BUDGET + 1), [device_draft] * spec.max_draft)
+        device_row, device_draft, head = 1e-6, 1e-7, 2e-7  # a device far faster than this host
+        spec.set_costs([device_row] * (BUDGET + 1), [device_draft] * spec.max_draft, head_s=head)
         trees = steps = 0
         for i, p in enumerate(prompts):
             out = spec.generate(p, max_tokens=N_TOKENS)
@@ -278,9 +278,11 @@ def test_prices_add_the_host_work_the_ledger_measures(pair, llm, exact) -> None:
     host, model = e["host_costs"], e["tree_auto"]
     print(f"host costs {host}; {trees} of {steps} later steps verified a tree ({model['probes']} probes)")
     assert host["plain_per_slot_s"] > 0 and host["draft_base_s"] + host["draft_per_row_s"] > 0
-    # every price adds it: the tree's rate is its expected tokens over device + host seconds
-    b = model["best_budget"]
-    seconds = device_row + device_draft + host["draft_base_s"] + host["draft_per_row_s"] * (b + 1)
+    # every price adds it: the tree's rate is its expected tokens over device + host seconds, the
+    # device's with the lazy head's product for every committed token beyond the table's one row
+    b, tokens = model["best_budget"], model["tree_expected_tokens"]
+    seconds = (device_row + device_draft + head * (tokens - 1) + host["draft_base_s"] +
+               host["draft_per_row_s"] * (b + 1))
     assert model["tree_expected_tokens"] / model["tree_rate"] == pytest.approx(seconds, rel=1e-6)
     assert trees <= max(4, steps // 4)
 

@@ -312,14 +312,17 @@ int pdf2_batch_engine_set_exact_batches(pdf2_batch_engine * e, int32_t max_rows)
  * decode of B tokens (B = 1..max_verify_rows), draft_s[n-1] = drafting n tokens, plain_s = a
  * one-row decode that skips the drafter's features (0: not measured): the plain step the user
  * would otherwise get, at which the cost model prices plain decoding where it is measurably cheaper
- * than verify_s[0] (plain steps then skip the features). learn != 0: the costs were measured on
+ * than verify_s[0] (plain steps then skip the features); head_s = the lazy LM head's product for
+ * one more row a verify reads (0: none; a verify committing k tokens reads k). learn != 0: the costs were measured on
  * this machine and the steps as they run correct them (a plain step's price becomes what plain
  * steps take, other decodes' the table scaled by what verify steps take); 0: they stay as given. */
 int pdf2_batch_engine_set_costs(pdf2_batch_engine * e, const double * verify_s, int32_t n_verify,
-                                const double * draft_s, int32_t n_draft, double plain_s, int32_t learn);
+                                const double * draft_s, int32_t n_draft, double plain_s, double head_s,
+                                int32_t learn);
 /* Measures those costs on a slot whose prefill is done (its state is restored). */
 int pdf2_batch_engine_measure_costs(pdf2_batch_engine * e, int32_t slot, int32_t reps, double * verify_s,
-                                    int32_t n_verify, double * draft_s, int32_t n_draft, double * plain_s);
+                                    int32_t n_verify, double * draft_s, int32_t n_draft, double * plain_s,
+                                    double * head_s);
 /* A request's sampler chain, applied as llama-cpp-python applies it, with
  * llama.cpp's own samplers: logit bias, penalties, grammar, then (temperature
  * > 0) top-k, top-p, min-p, temperature; greedy (temperature 0) takes the

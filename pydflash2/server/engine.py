@@ -178,7 +178,8 @@ class BatchEngine:
             self._ready_drafters()
         self._native = self._new_native()
         if self.costs is not None:
-            self.set_costs(self.costs["verify_s"], self.costs["draft_s"], self.costs.get("plain_s", 0.0), learn=True)
+            self.set_costs(self.costs["verify_s"], self.costs["draft_s"], self.costs.get("plain_s", 0.0), learn=True,
+                           head_s=self.costs.get("head_s", 0.0))
 
     def close(self) -> None:
         if getattr(self, "_native", None) is not None:
@@ -256,6 +257,6 @@ class BatchEngine:
         return self._native.slot_stats(slot)
 
     def set_costs(self, verify_s: Sequence[float], draft_s: Sequence[float], plain_s: float = 0.0,
-                  learn: bool = False) -> None:
+                  learn: bool = False, head_s: float = 0.0) -> None:
         """The cost model's tables (NativeEngine.set_costs); learn: the steps as they run correct them."""
-        self._native.set_costs(verify_s, draft_s, plain_s, learn)
+        self._native.set_costs(verify_s, draft_s, plain_s, learn, head_s)

@@ -268,6 +268,7 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
     const double host0 = ledger.host();
     const auto device = [&] { return ledger.seconds(Part::Decode) + ledger.seconds(Part::Sync) + ledger.seconds(Part::Head); };
     const double device0 = device();
+    const int64_t heads0 = target_.lazy_head_rows();
     VerifyShape verify;
     int prefill_rows = 0;
     {
@@ -278,7 +279,10 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
     if (verify.rows + prefill_rows > 0) ledger.end_step(verify.rows + prefill_rows);
     if (verify.rows > 0 && prefill_rows == 0) {
         cost_model_.observe_host(verify.plain, verify.rows, ledger.host() - host0);
-        if (verify.decodes == 1) cost_model_.observe_device(verify.plain, verify.slots, verify.rows_per_slot, device() - device0);
+        if (verify.decodes == 1) {
+            const int extra_heads = static_cast<int>(target_.lazy_head_rows() - heads0) - verify.slots;  // the table reads one a slot
+            cost_model_.observe_device(verify.plain, verify.slots, verify.rows_per_slot, extra_heads, device() - device0);
+        }
     }
     return verify.rows + prefill_rows;
 }

@@ -108,15 +108,16 @@ class BatchEngine {
     int max_verify_rows() const { return std::max({max_draft_, cost_model_.max_tree_budget(), opts_.context_nodes}) + 1; }
     int32_t n_ctx_slot() const { return opts_.n_ctx_slot; }
 
-    // plain_s: a plain decode's step without the drafter's features (0: not measured); learn: the
-    // costs were measured here and the steps as they run correct them (CostModel::observe_device)
+    // plain_s: a plain decode's step without the drafter's features (0: not measured); head_s: the
+    // lazy head's product for one row (0: none); learn: the costs were measured here and the steps
+    // as they run correct them (CostModel::observe_device)
     void set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s, double plain_s = 0.0,
-                   bool learn = false);
+                   double head_s = 0.0, bool learn = false);
     // Times target decodes of B = 1..max_verify_rows() rows, drafter blocks of n = 1..max_draft
     // drafts, and a plain decode that skips the drafter's features, on a slot that has finished its
     // prefill.
     void measure_costs(int slot, int reps, std::vector<double> & verify_s, std::vector<double> & draft_s,
-                       double & plain_s);
+                       double & plain_s, double & head_s);
 
     // Queues a prompt on an idle slot; it is prefilled by the next step(s),
     // from the first token where it differs from what the slot holds (the

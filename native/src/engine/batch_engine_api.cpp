@@ -153,28 +153,31 @@ extern "C" int pdf2_batch_engine_set_exact_batches(pdf2_batch_engine * e, int32_
 
 extern "C" int pdf2_batch_engine_set_costs(pdf2_batch_engine * e, const double * verify_s, int32_t n_verify,
                                            const double * draft_s, int32_t n_draft, double plain_s,
-                                           int32_t learn) {
+                                           double head_s, int32_t learn) {
     return pdf2::guarded<int>(-1, [&] {
         if (verify_s == nullptr || n_verify < 1 || (n_draft > 0 && draft_s == nullptr)) {
             throw pdf2::Error("costs: verify_s needs at least one entry");
         }
         if (!std::isfinite(plain_s) || plain_s < 0.0) throw pdf2::Error("costs: plain_s must be finite and >= 0");
+        if (!std::isfinite(head_s) || head_s < 0.0) throw pdf2::Error("costs: head_s must be finite and >= 0");
         get(e).set_costs(std::vector<double>(verify_s, verify_s + n_verify),
-                         std::vector<double>(draft_s, draft_s + std::max(0, n_draft)), plain_s, learn != 0);
+                         std::vector<double>(draft_s, draft_s + std::max(0, n_draft)), plain_s, head_s, learn != 0);
         return 0;
     });
 }
 
 extern "C" int pdf2_batch_engine_measure_costs(pdf2_batch_engine * e, int32_t slot, int32_t reps, double * verify_s,
-                                               int32_t n_verify, double * draft_s, int32_t n_draft, double * plain_s) {
+                                               int32_t n_verify, double * draft_s, int32_t n_draft, double * plain_s,
+                                               double * head_s) {
     return pdf2::guarded<int>(-1, [&] {
         pdf2::BatchEngine & eng = get(e);
-        if (verify_s == nullptr || draft_s == nullptr || plain_s == nullptr || n_verify != eng.max_verify_rows() ||
+        if (verify_s == nullptr || draft_s == nullptr || plain_s == nullptr || head_s == nullptr ||
+            n_verify != eng.max_verify_rows() ||
             n_draft != eng.max_draft()) {
-            throw pdf2::Error("costs arrays must hold max_verify_rows and max_draft entries (and plain_s one)");
+            throw pdf2::Error("costs arrays must hold max_verify_rows and max_draft entries (and plain_s and head_s one)");
         }
         std::vector<double> v, d;
-        eng.measure_costs(slot, reps, v, d, *plain_s);
+        eng.measure_costs(slot, reps, v, d, *plain_s, *head_s);
         std::copy(v.begin(), v.end(), verify_s);
         std::copy(d.begin(), d.end(), draft_s);
         return 0;

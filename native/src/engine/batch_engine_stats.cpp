@@ -128,6 +128,7 @@ std::string BatchEngine::stats_json() const {
     w.field("n_accepted", stats_.engine().n_accepted);
     w.field("unfed_steps", stats_.engine().n_unfed_steps);  // plain steps that skipped the drafter's features
     w.field("plain_s", cost_model_.costs().plain_s);
+    w.field("head_s", cost_model_.costs().head_s);
     // the host work per step the prices add, learned from the ledger (cost_model.h)
     const HostCosts & host = cost_model_.costs().host;
     w.key("host_costs").begin_object();

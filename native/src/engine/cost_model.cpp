@@ -32,7 +32,7 @@ void CostModel::SeenSum::add(double seen_s, double table_s) {
     table = DECAY * table + table_s;
 }
 
-void CostModel::observe_device(bool plain, int n_slots, int rows, double seconds) {
+void CostModel::observe_device(bool plain, int n_slots, int rows, int extra_heads, double seconds) {
     if (!learn_device_ || !costs_.measured() || n_slots <= 0 || rows <= 0 || !(seconds > 0.0)) return;
     constexpr double MIN_STEPS = 3.0;  // one slow step (a page fault, a preempted thread) must not decide
     if (plain && n_slots == 1) {
@@ -40,7 +40,7 @@ void CostModel::observe_device(bool plain, int n_slots, int rows, double seconds
         if (plain_seen_.w >= MIN_STEPS) costs_.seen.plain = plain_seen_.seen / plain_seen_.w;
         return;
     }
-    verify_seen_.add(seconds, costs_.table_verify_seconds(n_slots, rows, plain));
+    verify_seen_.add(seconds, costs_.table_verify_seconds(n_slots, rows, plain) + costs_.head_s * std::max(0, extra_heads));
     if (verify_seen_.w >= MIN_STEPS && verify_seen_.table > 0.0) {
         costs_.seen.verify_scale = std::clamp(verify_seen_.seen / verify_seen_.table, 0.01, 100.0);
     }
@@ -111,7 +111,7 @@ int CostModel::batch_draft_length(const std::vector<size_t> & slots) const {
     return best_rate(0, max_draft_, [&](int n) {
         double tokens = 0.0;
         for (const size_t i : slots) tokens += slot_policies_[i].expected_tokens(n);
-        return Price{tokens, costs_.step_seconds(n_slots, n + 1, n)};
+        return costs_.price(tokens, n_slots, n + 1, n);
     }).index;
 }
 
@@ -122,10 +122,13 @@ int CostModel::tree_budget(const std::vector<size_t> & slots, int n_chain, bool 
     const int n_slots = static_cast<int>(slots.size());
     double chain_tokens = 0.0;
     for (const size_t i : slots) chain_tokens += slot_policies_[i].expected_tokens(n_chain);
-    const Price chain{chain_tokens, costs_.step_seconds(n_slots, n_chain + 1, n_chain)};
+    const Price chain = costs_.price(chain_tokens, n_slots, n_chain + 1, n_chain);
     // per slot: (1 + expected accepted) over its share of the step
     const Choice tree =
-        tree_.best([&](int nodes) { return costs_.step_seconds(n_slots, nodes + 1, max_draft_) / n_slots; });
+        tree_.best([&](int nodes, double committed) {
+            return Price{committed, costs_.step_seconds(n_slots, nodes + 1, max_draft_) / n_slots +
+                                        costs_.head_seconds(committed - 1.0)};
+        });
     const int best_budget = tree.index;
     // the chain first: a tie keeps it
     const bool chosen = tree_.has_trees() && best_budget > 0 &&
@@ -152,18 +155,18 @@ double CostModel::lattice_expected(int slot, int tree_budget, int n_drafts) cons
 bool CostModel::context_alone(const std::vector<double> & e, double lattice_expected, int lattice_rows,
                               int n_drafts) const {
     if (!priced()) return e.back() >= lattice_expected;
-    const auto context_price = [&](int b) { return Price{1.0 + e[static_cast<size_t>(b)], costs_.step_seconds(1, b + 1, 0)}; };
+    const auto context_price = [&](int b) { return costs_.price(1.0 + e[static_cast<size_t>(b)], 1, b + 1, 0); };
     const int context_rows = best_rate(0, static_cast<int>(e.size()) - 1, context_price).index + 1;
     const double context_expected = e[static_cast<size_t>(context_rows - 1)];
-    const Price merged{1.0 + std::max(context_expected, lattice_expected),
-                       costs_.step_seconds(1, std::max(context_rows, lattice_rows), n_drafts)};
+    const Price merged = costs_.price(1.0 + std::max(context_expected, lattice_expected), 1,
+                                      std::max(context_rows, lattice_rows), n_drafts);
     // the context alone first: a tie keeps it (no propose)
     return best_rate(0, 1, [&](int i) { return i == 0 ? context_price(context_rows - 1) : merged; }).index == 0;
 }
 
 int CostModel::tree_prefix(const DraftTree & t) const {
     if (!priced()) return t.size();
-    return best_prefix(t, [&](int n) { return costs_.step_seconds(1, n + 1, 0); });
+    return best_prefix(t, [&](int n, double committed) { return costs_.price(committed, 1, n + 1, 0); });
 }
 
 // tree_budget = auto: the steps that verified a tree (probes included), and the model's expected
@@ -181,7 +184,8 @@ void CostModel::write_json(JsonWriter & w) const {
     w.end_array();
     if (priced()) {
         // the choice one slot would make now: the best tree, against the chain's best n (0 = plain)
-        const Choice tree = tree_.best([&](int nodes) { return costs_.step_seconds(1, nodes + 1, max_draft_); });
+        const Choice tree =
+            tree_.best([&](int nodes, double committed) { return costs_.price(committed, 1, nodes + 1, max_draft_); });
         const int n = shared_.best(costs_);
         const Price chain = draft_price(shared_.acceptance(), costs_, n);
         w.field("best_budget", tree.index);

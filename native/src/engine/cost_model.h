@@ -54,11 +54,12 @@ class CostModel {
     // A step's host seconds (the ledger's host parts) that verified `rows` rows and prefilled
     // nothing; plain: it verified no drafts. The prices' host work follows them (decayed).
     void observe_host(bool plain, int rows, double seconds);
-    // A step that was one target decode of `n_slots` slots verifying `rows` rows each, and its
-    // device seconds (the ledger's decode, sync and lazy head); plain: no drafts. Where costs are
-    // learned, a one-slot plain step's price becomes what plain steps took, and every other
-    // decode's the table scaled by what the verify steps took against it (decayed).
-    void observe_device(bool plain, int n_slots, int rows, double seconds);
+    // A step that was one target decode of `n_slots` slots verifying `rows` rows each, its lazy
+    // head's products beyond one a slot (`extra_heads`), and its device seconds (the ledger's
+    // decode, sync and lazy head); plain: no drafts. Where costs are learned, a one-slot plain
+    // step's price becomes what plain steps took, and every other decode's the table (and head)
+    // scaled by what the verify steps took against it (decayed).
+    void observe_device(bool plain, int n_slots, int rows, int extra_heads, double seconds);
 
     // The choices.
     int draft_length(int slot) const { return policy(slot).best(costs_); }  // one slot's, alone

@@ -51,7 +51,7 @@ double expected_tokens(const std::vector<double> & acceptance, int n) {
 }
 
 Price draft_price(const std::vector<double> & acceptance, const StepCosts & costs, int n) {
-    return Price{expected_tokens(acceptance, n), costs.step_seconds(1, n + 1, n)};
+    return costs.price(expected_tokens(acceptance, n), 1, n + 1, n);
 }
 
 double expected_rate(const std::vector<double> & acceptance, const StepCosts & costs, int n) {

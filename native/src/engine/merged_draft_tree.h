@@ -68,12 +68,12 @@ template <class Calibrate> ScoredNodes scored_nodes(const DraftTree & t, Calibra
 }
 
 // The number of the merged tree's first nodes that maximises expected committed tokens per
-// second, (1 + sum of their estimates) / seconds(b) for b = 0..tree.size() (nodes come best
-// first, so the first b are the best tree of b nodes; 0: verify none).
-template <class Seconds> int best_prefix(const DraftTree & t, Seconds seconds) {
+// second, price(b, 1 + sum of their estimates) for b = 0..tree.size() (nodes come best first, so
+// the first b are the best tree of b nodes; 0: verify none).
+template <class PriceOf> int best_prefix(const DraftTree & t, PriceOf price) {
     std::vector<double> committed(1, 1.0);  // b = 0: a plain step
     for (const double logp : t.logp) committed.push_back(committed.back() + std::exp(logp));
-    return best_rate(0, t.size(), [&](int b) { return Price{committed[static_cast<size_t>(b)], seconds(b)}; }).index;
+    return best_rate(0, t.size(), [&](int b) { return price(b, committed[static_cast<size_t>(b)]); }).index;
 }
 
 }  // namespace pdf2

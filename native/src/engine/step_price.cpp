@@ -26,11 +26,13 @@ double StepCosts::step_seconds(int n_slots, int rows, int n) const {
     n_slots = std::max(n_slots, 1);
     const bool plain_step = rows <= 1 && n == 0;
     const double host_s = host.seconds(plain_step, n_slots, std::max(rows, 1));
-    // a plain step as plain steps ran (its first row), else the table as the verify steps saw it
-    const double device = plain_step && seen.plain > 0.0
-                              ? seen.plain + (n_slots - 1.0) * seen.verify_scale *
-                                                 (table_verify_seconds(n_slots, 1, true) - table_verify_seconds(1, 1, true))
-                              : seen.verify_scale * table_verify_seconds(n_slots, rows, plain_step);
+    // A plain step's first row as plain steps ran (the table's until one is seen: the verify
+    // steps' scale holds what plain steps do not do, the lazy head of every row a verify reads);
+    // every other row the table as the verify steps saw it.
+    const double first = plain_step ? (seen.plain > 0.0 ? seen.plain : table_verify_seconds(1, 1, true)) : 0.0;
+    const double device = plain_step ? first + seen.verify_scale * (table_verify_seconds(n_slots, 1, true) -
+                                                                     table_verify_seconds(1, 1, true))
+                                     : seen.verify_scale * table_verify_seconds(n_slots, rows, false);
     return host_s + device + n_slots * draft_seconds(n);
 }
 

@@ -73,6 +73,11 @@ struct StepCosts {
     // twice this; the cost model prices plain decoding at it, and the engine then decodes plain
     // steps so (the drafter goes without those rows).
     double plain_s = 0.0;
+    // A lazy head's product for one more row a verify reads (0: the head runs in the decode's graph).
+    // The table's verifies read one row; a verify that commits k tokens reads k, so the head's
+    // work grows with what is accepted, not with the rows verified: on the CPU stand-in (2 layers,
+    // SmolLM2's vocabulary) a verify that committed 4.5 tokens took 3x its table entry.
+    double head_s = 0.0;
     HostCosts host;  // added to every step's price
     DeviceCorrection seen;  // the tables corrected by the steps as they ran (where costs are learned)
 
@@ -92,6 +97,13 @@ struct StepCosts {
     // seconds of a step in which `n_slots` slots each verify `rows` rows after drafting n: the
     // table's decode as the steps saw it (`seen`), each slot's (serial) drafting, the host's work
     double step_seconds(int n_slots, int rows, int n) const;
+    // the lazy head's seconds for `extra` rows read beyond the table's one per slot
+    double head_seconds(double extra) const { return seen.verify_scale * head_s * std::max(0.0, extra); }
+    // An option's price: `committed` tokens over all n_slots slots from a step verifying `rows`
+    // rows each after drafting n; the head reads a row per committed token.
+    Price price(double committed, int n_slots, int rows, int n) const {
+        return Price{committed, step_seconds(n_slots, rows, n) + head_seconds(committed - std::max(n_slots, 1))};
+    }
 };
 
 }  // namespace pdf2

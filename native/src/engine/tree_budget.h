@@ -32,10 +32,10 @@ class TreeBudgetPolicy {
 
     // Expected accepted drafts of a tree of b nodes (0..max_budget); 0 before any tree was seen.
     double expected_accepted(int b) const;
-    // The budget b in 1..max_budget with the best committed tokens per second,
-    // (1 + expected_accepted(b)) / seconds(b); seconds(b) prices a step verifying b nodes.
-    template <class Seconds> Choice best(Seconds seconds) const {
-        const Choice c = best_rate(1, max_budget_, [&](int b) { return Price{1.0 + expected_accepted(b), seconds(b)}; });
+    // The budget b in 1..max_budget with the best committed tokens per second; price(b, committed)
+    // prices a step verifying b nodes that commits `committed` = 1 + expected_accepted(b) tokens.
+    template <class PriceOf> Choice best(PriceOf price) const {
+        const Choice c = best_rate(1, max_budget_, [&](int b) { return price(b, 1.0 + expected_accepted(b)); });
         return c.index < 0 ? Choice{0, 0.0, Price{}} : c;
     }
 
