@@ -83,7 +83,7 @@ prepare() {
     rm -rf "$DEV" && mkdir -p "$DEV/c1/whl"
     # llama-cpp-python 0.3.36's sdist, trimmed to what a CUDA build reads
     sdist=$CACHE/$LCP.tar.gz
-    [ -f "$sdist" ] || pip download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d "$CACHE" || return 1
+    [ -f "$sdist" ] || pip download -q --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36 -d "$CACHE" || return 1
     tmp=$(mktemp -d) && tar xzf "$sdist" -C "$tmp" || return 1
     v=$tmp/$LCP/vendor/llama.cpp
     rm -rf "$tmp/$LCP/.git" "$v"/{models,docs,benches,tests,examples,pocs,conversion,scripts,media,.github,.git} \

@@ -23,7 +23,7 @@ ours produces the first token in the prefill and max_tokens-1 in its loop.
 Building the upstream binary (the llama.cpp that llama-cpp-python 0.3.36 vendors; about 20
 minutes on 2 cores, so run it in the background, outside the repository):
 
-    pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d /tmp/sdist
+    pip download --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36 -d /tmp/sdist
     tar xzf /tmp/sdist/llama_cpp_python-0.3.36.tar.gz -C /tmp
     cd /tmp/llama_cpp_python-0.3.36/vendor/llama.cpp
     cmake -S . -B /work/upstream-build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
