@@ -42,11 +42,13 @@ void BatchEngine::add_tree_rows(int idx, Slot & s) {
     }
     std::vector<std::vector<int32_t>> seqs(static_cast<size_t>(n));
     s.rows.branches.clear();
+    s.rows.branch_leaf.clear();
     s.rows.node_branch.assign(static_cast<size_t>(n), -1);
     for (int leaf = 0; leaf < n; ++leaf) {
         if (has_child[static_cast<size_t>(leaf)]) continue;
         const int32_t b = n_slots() + idx * tree_branches_ + static_cast<int32_t>(s.rows.branches.size());
         s.rows.branches.push_back(b);
+        s.rows.branch_leaf.push_back(leaf);
         for (int v = leaf; v >= 0; v = t.parent[static_cast<size_t>(v)]) {
             seqs[static_cast<size_t>(v)].push_back(b);
             if (s.rows.node_branch[static_cast<size_t>(v)] < 0) s.rows.node_branch[static_cast<size_t>(v)] = b;
@@ -135,6 +137,7 @@ void BatchEngine::remove_branches(Slot & s) {
         llama_memory_seq_rm(mem, b, -1, -1);
     }
     s.rows.branches.clear();
+    s.rows.branch_leaf.clear();
 }
 
 void BatchEngine::add_filler_rows(int seq, int n) {

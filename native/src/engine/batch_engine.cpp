@@ -154,6 +154,8 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
     const llama_model * model = llama_get_model(ctx_.ctx);
     // (a unified cache, as trees take, splits a batch in row order whatever its sequences)
     fill_gaps_ = !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model) && tree_branches_ == 0;
+    // (only this slot's sequences hold cells past its position; a recurrent state cannot be cut so)
+    cut_trees_at_once_ = opts.n_slots == 1 && !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model);
     if (batch_cap_ < opts.n_slots) {
         throw Error("target batch (" + std::to_string(batch_cap_) + " rows) is smaller than the number of slots");
     }
@@ -373,6 +375,30 @@ void BatchEngine::commit_chain(int idx, Slot & s, std::vector<int32_t> & counts,
                   tokens);
 }
 
+// One slot alone in the cache: every cell past the kept path is its tree's, so one walk over the
+// cells takes them out of every sequence (a walk per branch was most of a tree step's KV work, 2-4 us
+// a walk at 2048 cells). Within the kept path's positions, a branch that left the path at depth j
+// holds rejected nodes from pos + 1 + j: it loses those (and keeps the path's cells it shares, a
+// prefix of the slot, like the accepted branch).
+void BatchEngine::cut_tree_at_once(const Slot & s, const std::vector<int32_t> & path, int n_in_place) {
+    const DraftTree & t = s.rows.block.tree;
+    llama_memory_t mem = llama_get_memory(ctx_.ctx);
+    llama_memory_seq_rm(mem, -1, s.seq.pos + 1 + n_in_place, -1);
+    if (n_in_place == 0) return;
+    std::vector<int32_t> kept_depth(static_cast<size_t>(t.size()), 0);
+    for (int j = 0; j < n_in_place; ++j) kept_depth[static_cast<size_t>(path[static_cast<size_t>(j)])] = j + 1;
+    for (size_t i = 0; i < s.rows.branches.size(); ++i) {
+        const int32_t leaf = s.rows.branch_leaf[i];
+        int32_t shared = 0;  // the depth of its deepest node on the kept path (the first found going up)
+        for (int32_t v = leaf; v >= 0 && shared == 0; v = t.parent[static_cast<size_t>(v)]) {
+            shared = kept_depth[static_cast<size_t>(v)];
+        }
+        if (shared < n_in_place && t.depth[static_cast<size_t>(leaf)] > shared) {
+            llama_memory_seq_rm(mem, s.rows.branches[i], s.seq.pos + 1 + shared, s.seq.pos + 1 + n_in_place);
+        }
+    }
+}
+
 // A verified tree (verify_tree): the accepted path's cells join the slot's sequence and the
 // branches are cut off.
 void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
@@ -412,11 +438,16 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
         // in-place path too: a branch that already ends where the slot ends needs no copy next step
         // (each seq_rm and seq_cp walks every cell of the cache).
         const StepLedger::Scope kv(stats_.ledger(), Part::Kv);
-        llama_memory_t mem = llama_get_memory(ctx_.ctx);
-        for (const int32_t b : s.rows.branches) {
-            llama_memory_seq_rm(mem, b, s.seq.pos + 1 + (b == branch ? n_in_place : 0), -1);
+        if (cut_trees_at_once_) {
+            cut_tree_at_once(s, path, n_in_place);
+        } else {
+            llama_memory_t mem = llama_get_memory(ctx_.ctx);
+            for (const int32_t b : s.rows.branches) {
+                llama_memory_seq_rm(mem, b, s.seq.pos + 1 + (b == branch ? n_in_place : 0), -1);
+            }
         }
         s.rows.branches.clear();
+        s.rows.branch_leaf.clear();
     }
     s.seq.pending.clear();
     for (int j = n_in_place; j < k; ++j) s.seq.pending.push_back(t.token[static_cast<size_t>(path[static_cast<size_t>(j)])]);

@@ -211,6 +211,7 @@ class BatchEngine {
     struct StepRows {
         DraftBlock block;
         std::vector<int32_t> branches;     // a tree's branch sequences (one per leaf)
+        std::vector<int32_t> branch_leaf;  // per branch, its leaf node
         std::vector<int32_t> node_branch;  // per node, one branch sequence through it
         std::vector<int32_t> node_row;     // per node, its row after the anchor's (depth-first order)
         int32_t row0 = 0, n_rows = 0;      // first row in the batch (the anchor's), prompt rows
@@ -302,6 +303,7 @@ class BatchEngine {
     void write_source_stats(JsonWriter & w, const Slot * slot) const;  // one slot's request, or all
     void init_context();  // batch_engine_context.cpp: the slots' context sources, the global cache
     void record_logprob(Slot & s, const float * logits, llama_token token);
+    void cut_tree_at_once(const Slot & s, const std::vector<int32_t> & path, int n_in_place);
     void queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0);
     int32_t reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt);
     int32_t reusable_prefix(const Slot & s, const std::vector<llama_token> & prompt) const;
@@ -347,6 +349,7 @@ class BatchEngine {
     int32_t batch_cap_ = 0;
     // filler rows need sequences whose K/V can be cut back (not recurrent or hybrid memory)
     bool fill_gaps_ = false;
+    bool cut_trees_at_once_ = false;  // one slot: a tree's rejected cells go in one walk (cut_tree_at_once)
     int exact_rows_ = 0;  // > 0: set_exact_batches (decodes in plain decoding's shapes)
     std::vector<std::pair<int, int32_t>> fillers_;  // this decode's filler rows: sequence, first position
     int prefill_cursor_ = 0;  // round-robin start for prompt chunks
