@@ -169,7 +169,6 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
         // from the start (address space only until used), so that requests of varying lengths
         // do not reallocate multi-MB vectors and fragment the heap (a soak's RSS crept up)
         const size_t width = static_cast<size_t>(target_.feature_width());
-        feat_.reserve(static_cast<size_t>(batch_cap_) * width);
         DFlashSourceOptions source_opts;
         source_opts.selector = opts.selector;
         source_opts.q_top_k = opts.q_top_k;
@@ -241,8 +240,7 @@ void BatchEngine::queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0) {
         return;  // (a starved plain step: the drafter does without these rows)
     }
     const StepLedger::Scope features(stats_.ledger(), Part::Features);
-    target_.features(row0, n, feat_);
-    s.drafting.feed.features.insert(s.drafting.feed.features.end(), feat_.begin(), feat_.end());
+    target_.append_features(row0, n, s.drafting.feed.features);
     for (int32_t i = 0; i < n; ++i) {
         s.drafting.feed.positions.push_back(pos0 + i);
     }

@@ -356,7 +356,6 @@ class BatchEngine {
     unsigned probe_turn_ = 0;  // round-robin choice of the slot that probes
     StatsRecorder stats_;  // the engine's and each request's counters, and the step ledger
     SourceKit source_kit_;  // what each kind of candidate source learns over all slots
-    std::vector<float> feat_;
 };
 
 }  // namespace pdf2

@@ -156,9 +156,10 @@ const float * TargetRunner::lazy_logits(int32_t row) {
     return out;
 }
 
-void TargetRunner::features(int32_t row0, int32_t n, std::vector<float> & out) const {
+void TargetRunner::append_features(int32_t row0, int32_t n, std::vector<float> & out) const {
     const size_t width = static_cast<size_t>(feature_width());
-    out.resize(static_cast<size_t>(n) * width);
+    const size_t base = out.size();
+    out.resize(base + static_cast<size_t>(n) * width);
     for (size_t k = 0; k < layers_.size(); ++k) {
         const float * rows = path_ == CapturePath::Callback
                                  ? capture_->rows(layers_[k])
@@ -168,7 +169,7 @@ void TargetRunner::features(int32_t row0, int32_t n, std::vector<float> & out) c
                         " was not captured (is this target architecture supported by upstream's extraction?)");
         }
         for (int32_t i = 0; i < n; ++i) {
-            std::memcpy(out.data() + static_cast<size_t>(i) * width + k * static_cast<size_t>(n_embd_),
+            std::memcpy(out.data() + base + static_cast<size_t>(i) * width + k * static_cast<size_t>(n_embd_),
                         rows + static_cast<size_t>(row0 + i) * static_cast<size_t>(n_embd_),
                         static_cast<size_t>(n_embd_) * sizeof(float));
         }
