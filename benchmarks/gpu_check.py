@@ -18,7 +18,11 @@ offloaded (`n_gpu_layers` 99 where llama.cpp supports GPU offload, else 0) and t
 (e) upstream llama.cpp's speculative decoding (`llama-speculative-simple`, the chain of 7) where
     --upstream-bin or UPSTREAM_BIN names it, else a line saying it was skipped;
 (f) with --server: the server's completion tokens/s at 1, 4 and 16 clients, with the drafter against
-    `--draft none` (benchmarks/server_load.py's load).
+    `--draft none` (benchmarks/server_load.py's load);
+(g) the lazy head's share (issue 46, item 2): --full-head-configs (default plain and auto) also run at
+    T=0 on a second target context made without the lazy head (`load_target(lazy_head=False)`: every
+    row's logits in the graph, no evaluation callback cutting it, no head product per row read), named
+    "<configuration>, full head" in (a), (c) and (d), with that context's verify curve in (b).
 
     python benchmarks/gpu_check.py [--max-tokens 128] [--n-prompts 0] [--json OUT] [--server]
 
@@ -181,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sets", default="agentic,chat")
     ap.add_argument("--configs", default=DEFAULT_CONFIGS, help="at T=0 (plain always runs)")
     ap.add_argument("--t1-configs", default="plain,auto", help="at T=1 ('' for none)")
+    ap.add_argument("--full-head-configs", default="plain,auto",
+                    help="at T=0, also on a target context without the lazy head ('' for none)")
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--n-gpu-layers", type=int, default=None, help="default: 99 with GPU offload, else 0")
     ap.add_argument("--device", default="auto", help="the drafter's ggml device")
@@ -223,15 +229,30 @@ def main(argv: list[str] | None = None) -> int:
     t1_names = [c for c in args.t1_configs.split(",") if c in CONFIGS]
     specs = {name: make_speculator(llm, draft, name, device=args.device)
              for name in dict.fromkeys([*names, *t1_names])}
+    # (g) the same configurations on a context without the lazy head
+    full_head = [c for c in args.full_head_configs.split(",") if c in CONFIGS]
+    if full_head:
+        llm_full, _ = load_target(model, n_ctx=args.n_ctx, n_threads=args.threads, n_gpu_layers=ngl, tree_budget=16,
+                                  context_drafts="request", lazy_head=False)
+        for c in full_head:
+            specs[f"{c}, full head"] = make_speculator(llm_full, draft, c, device=args.device)
+        names += [f"{c}, full head" for c in full_head]
     sets = {name: load_sets(args.n_prompts or SET_SIZES[name])[name] for name in args.sets.split(",")}
     prompts = {name: [specs["plain"].tokenize_prompt(m) for m in msgs] for name, msgs in sets.items()}
 
     # (b) the verify curve, on the speculator with a drafter (propose costs) and the most verify rows
-    widest = max(specs.values(), key=lambda s: (s.drafter is not None, s.max_verify_rows))
+    def widest(pool: list[Any]) -> Any:
+        return max(pool, key=lambda s: (s.drafter is not None, s.max_verify_rows))
+
     first = next(iter(prompts.values()))[0]
-    costs = widest.measure_costs(first[:256], reps=args.cost_reps)
+    lazy = [s for n, s in specs.items() if not n.endswith(", full head")]
+    costs = widest(lazy).measure_costs(first[:256], reps=args.cost_reps)
     report["costs"] = costs
     print_costs(costs, f"{settings}, {min(len(first), 256)} tokens of context, medians of {args.cost_reps}")
+    if full_head:
+        full = [s for n, s in specs.items() if n.endswith(", full head")]
+        report["costs_full_head"] = widest(full).measure_costs(first[:256], reps=args.cost_reps)
+        print_costs(report["costs_full_head"], f"full head (no lazy head), {settings}")
 
     # (a), (c): interleaved prompt by prompt; plain runs in every set (the baseline)
     runs = [(s, 0.0, names) for s in sets] + ([(s, 1.0, t1_names) for s in sets] if t1_names else [])

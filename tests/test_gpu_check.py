@@ -16,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 CONFIGS = ["plain", "chain 7", "lattice tree 16", "context alone", "merged tree 16", "auto"]
+FULL_HEAD = ["plain, full head", "auto, full head"]  # (g): a context without the lazy head
 
 
 def _gpu_check():  # noqa: ANN202  (the benchmark module, imported from its path)
@@ -41,7 +42,7 @@ def test_gpu_check_report(report: dict) -> None:
     # (a) every configuration at T=0 on both sets; plain and auto at T=1
     assert set(report["tables"]) == {"agentic T=0", "chat T=0", "agentic T=1", "chat T=1"}
     for key, table in report["tables"].items():
-        assert list(table) == (CONFIGS if key.endswith("T=0") else ["plain", "auto"]), key
+        assert list(table) == (CONFIGS + FULL_HEAD if key.endswith("T=0") else ["plain", "auto"]), key
         assert table["plain"]["tau"] == 1.0 and table["plain"]["x_plain"] == 1.0
         for name, row in table.items():
             assert 1.0 <= row["tau"] <= 8.0 and row["rate"] > 0, (key, name, row)
@@ -53,6 +54,11 @@ def test_gpu_check_report(report: dict) -> None:
     assert len(costs["verify_s"]) >= 17 and all(x > 0 for x in costs["verify_s"])
     # plain_s: 0 where the drafter's features cost a plain step nothing (taps)
     assert costs["plain_s"] >= 0 and len(costs["draft_s"]) >= 7 and all(x > 0 for x in costs["draft_s"])
+    # (g) the full head's curve: its own context, every row's logits in the graph (no head rows read lazily)
+    full = report["costs_full_head"]
+    assert len(full["verify_s"]) == len(costs["verify_s"]) and all(x > 0 for x in full["verify_s"])
+    assert full["head_s"] == 0 < costs["head_s"]
+    assert report["tables"]["agentic T=0"]["auto, full head"]["context_drafted"] > 0
     # (c) the step ledger: its parts add up to the step timed from outside
     for key, ledgers in report["ledgers"].items():
         assert list(ledgers) == list(report["tables"][key])
