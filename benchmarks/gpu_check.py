@@ -231,12 +231,14 @@ def main(argv: list[str] | None = None) -> int:
              for name in dict.fromkeys([*names, *t1_names])}
     # (g) the same configurations on a context without the lazy head
     full_head = [c for c in args.full_head_configs.split(",") if c in CONFIGS]
+    full_specs: dict[str, Any] = {}
     if full_head:
         llm_full, _ = load_target(model, n_ctx=args.n_ctx, n_threads=args.threads, n_gpu_layers=ngl, tree_budget=16,
                                   context_drafts="request", lazy_head=False)
-        for c in full_head:
-            specs[f"{c}, full head"] = make_speculator(llm_full, draft, c, device=args.device)
-        names += [f"{c}, full head" for c in full_head]
+        full_specs = {f"{c}, full head": make_speculator(llm_full, draft, c, device=args.device) for c in full_head}
+    lazy_specs = list(specs.values())
+    specs.update(full_specs)
+    names += list(full_specs)
     sets = {name: load_sets(args.n_prompts or SET_SIZES[name])[name] for name in args.sets.split(",")}
     prompts = {name: [specs["plain"].tokenize_prompt(m) for m in msgs] for name, msgs in sets.items()}
 
@@ -245,13 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         return max(pool, key=lambda s: (s.drafter is not None, s.max_verify_rows))
 
     first = next(iter(prompts.values()))[0]
-    lazy = [s for n, s in specs.items() if not n.endswith(", full head")]
-    costs = widest(lazy).measure_costs(first[:256], reps=args.cost_reps)
+    costs = widest(lazy_specs).measure_costs(first[:256], reps=args.cost_reps)
     report["costs"] = costs
     print_costs(costs, f"{settings}, {min(len(first), 256)} tokens of context, medians of {args.cost_reps}")
-    if full_head:
-        full = [s for n, s in specs.items() if n.endswith(", full head")]
-        report["costs_full_head"] = widest(full).measure_costs(first[:256], reps=args.cost_reps)
+    if full_specs:
+        report["costs_full_head"] = widest(list(full_specs.values())).measure_costs(first[:256], reps=args.cost_reps)
         print_costs(report["costs_full_head"], f"full head (no lazy head), {settings}")
 
     # (a), (c): interleaved prompt by prompt; plain runs in every set (the baseline)

@@ -152,10 +152,11 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
     target_.claim();
     batch_cap_ = target_.n_batch();
     const llama_model * model = llama_get_model(ctx_.ctx);
+    const bool cells_cut = !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model);  // by position
     // (a unified cache, as trees take, splits a batch in row order whatever its sequences)
-    fill_gaps_ = !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model) && tree_branches_ == 0;
-    // (only this slot's sequences hold cells past its position; a recurrent state cannot be cut so)
-    cut_trees_at_once_ = opts.n_slots == 1 && !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model);
+    fill_gaps_ = cells_cut && tree_branches_ == 0;
+    // (only this slot's sequences hold cells past its position)
+    cut_trees_at_once_ = cells_cut && opts.n_slots == 1;
     if (batch_cap_ < opts.n_slots) {
         throw Error("target batch (" + std::to_string(batch_cap_) + " rows) is smaller than the number of slots");
     }
