@@ -33,20 +33,27 @@ void BatchEngine::add_row(llama_token token, int32_t pos, const std::vector<int3
 // leaf, holding a copy of the slot's context (metadata in a unified cache), and every node a
 // row in the sequences of the leaves below it. A row then attends to the context and to its
 // ancestors only (llama.cpp masks cells by sequence and position), and one decode computes all.
+// The leaf of the first-child chain (the selector's path, the likeliest) takes the slot's own
+// sequence, which holds the context already: it needs no copy before the decode, and the path's
+// cells the commit keeps in place are the slot's without one (each seq_cp walks every cell).
 void BatchEngine::add_tree_rows(int idx, Slot & s) {
     const DraftTree & t = s.rows.block.tree;
     const int n = t.size();
-    std::vector<char> has_child(static_cast<size_t>(n), 0);
-    for (int v = 0; v < n; ++v) {
-        if (t.parent[static_cast<size_t>(v)] >= 0) has_child[static_cast<size_t>(t.parent[static_cast<size_t>(v)])] = 1;
+    std::vector<int32_t> first_child(static_cast<size_t>(n), -1);
+    for (int v = n - 1; v >= 0; --v) {  // children come after their parent: the lowest index wins
+        const int32_t p = t.parent[static_cast<size_t>(v)];
+        if (p >= 0) first_child[static_cast<size_t>(p)] = v;
     }
+    int32_t chain_leaf = 0;  // node 0 is the root's first child
+    while (n > 0 && first_child[static_cast<size_t>(chain_leaf)] >= 0) chain_leaf = first_child[static_cast<size_t>(chain_leaf)];
     std::vector<std::vector<int32_t>> seqs(static_cast<size_t>(n));
     s.rows.branches.clear();
     s.rows.branch_leaf.clear();
     s.rows.node_branch.assign(static_cast<size_t>(n), -1);
+    int32_t n_own = 0;  // branches with a sequence of their own
     for (int leaf = 0; leaf < n; ++leaf) {
-        if (has_child[static_cast<size_t>(leaf)]) continue;
-        const int32_t b = n_slots() + idx * tree_branches_ + static_cast<int32_t>(s.rows.branches.size());
+        if (first_child[static_cast<size_t>(leaf)] >= 0) continue;
+        const int32_t b = leaf == chain_leaf ? idx : n_slots() + idx * tree_branches_ + n_own++;
         s.rows.branches.push_back(b);
         s.rows.branch_leaf.push_back(leaf);
         for (int v = leaf; v >= 0; v = t.parent[static_cast<size_t>(v)]) {
@@ -56,11 +63,11 @@ void BatchEngine::add_tree_rows(int idx, Slot & s) {
     }
     {
         const StepLedger::Scope kv(stats_.ledger(), Part::Kv);
-        for (const int32_t b : s.rows.branches) sync_branch(idx, b);
+        for (const int32_t b : s.rows.branches) {
+            if (b != idx) sync_branch(idx, b);
+        }
     }
-    std::vector<int32_t> all = s.rows.branches;  // pending rows: committed, so in the slot and every branch
-    all.push_back(idx);
-    add_pending_rows(s, all);
+    add_pending_rows(s, s.rows.branches);  // committed: in the slot and every branch
     s.rows.row0 = batch_.n_tokens;
     add_row(s.seq.anchor, s.seq.pos, s.rows.branches, true);
     // Depth first, best child first: a row's cells come in batch order, so the first-child chain
@@ -133,8 +140,9 @@ void BatchEngine::cut_branches(int idx, llama_pos p0) {
 void BatchEngine::remove_branches(Slot & s) {
     const StepLedger::Scope kv(stats_.ledger(), Part::Kv);
     llama_memory_t mem = llama_get_memory(ctx_.ctx);
+    const auto idx = static_cast<int32_t>(&s - slots_.data());
     for (const int32_t b : s.rows.branches) {
-        llama_memory_seq_rm(mem, b, -1, -1);
+        llama_memory_seq_rm(mem, b, b == idx ? s.seq.pos : -1, -1);  // the slot's own keeps its context
     }
     s.rows.branches.clear();
     s.rows.branch_leaf.clear();

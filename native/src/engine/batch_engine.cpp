@@ -237,13 +237,20 @@ CallbackCapture * BatchEngine::capture_for(const llama_model * model, const std:
 }
 
 void BatchEngine::queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0) {
-    if (!feed_drafters_ || n <= 0 || !target_.feeding()) {
+    std::vector<int32_t> rows(static_cast<size_t>(std::max(0, n)));
+    for (int32_t i = 0; i < n; ++i) rows[static_cast<size_t>(i)] = row0 + i;
+    queue_rows(s, rows, pos0);
+}
+
+// The features of committed rows (batch rows `rows`, at positions pos0, pos0 + 1, ...) for the drafter.
+void BatchEngine::queue_rows(Slot & s, const std::vector<int32_t> & rows, int32_t pos0) {
+    if (!feed_drafters_ || rows.empty() || !target_.feeding()) {
         return;  // (a starved plain step: the drafter does without these rows)
     }
     const StepLedger::Scope features(stats_.ledger(), Part::Features);
-    target_.append_features(row0, n, s.drafting.feed.features);
-    for (int32_t i = 0; i < n; ++i) {
-        s.drafting.feed.positions.push_back(pos0 + i);
+    target_.append_features(rows.data(), static_cast<int32_t>(rows.size()), s.drafting.feed.features);
+    for (size_t i = 0; i < rows.size(); ++i) {
+        s.drafting.feed.positions.push_back(pos0 + static_cast<int32_t>(i));
     }
 }
 
@@ -392,7 +399,7 @@ void BatchEngine::cut_tree_at_once(const Slot & s, const std::vector<int32_t> & 
         for (int32_t v = leaf; v >= 0 && shared == 0; v = t.parent[static_cast<size_t>(v)]) {
             shared = kept_depth[static_cast<size_t>(v)];
         }
-        if (shared < n_in_place && t.depth[static_cast<size_t>(leaf)] > shared) {
+        if (shared < n_in_place && t.depth[static_cast<size_t>(leaf)] > shared) {  // (never the slot's own)
             llama_memory_seq_rm(mem, s.rows.branches[i], s.seq.pos + 1 + shared, s.seq.pos + 1 + n_in_place);
         }
     }
@@ -425,24 +432,20 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
     while (n_in_place < k && node_row[static_cast<size_t>(path[static_cast<size_t>(n_in_place)])] == n_in_place + 1) {
         ++n_in_place;
     }
-    // the branch through the last accepted node holds exactly the anchor and the path at positions pos..pos+k
-    const int32_t branch = k > 0 ? s.rows.node_branch[static_cast<size_t>(path.back())] : s.rows.branches.front();
-    {
-        const StepLedger::Scope kv(stats_.ledger(), Part::Kv);
-        llama_memory_seq_cp(llama_get_memory(ctx_.ctx), branch, idx, s.seq.pos, s.seq.pos + n_in_place + 1);
-    }
+    // The path's in-place nodes are the first-child chain's, whose leaf's branch is the slot's own
+    // sequence (add_tree_rows): they are the slot's already. The branch through the last accepted
+    // node keeps them too, and so ends where the slot ends (no copy next step).
+    const int32_t branch = k > 0 ? s.rows.node_branch[static_cast<size_t>(path.back())] : idx;
     {
         // The tree's rows leave the branches, which keep the context for the next tree (sync_branch).
-        // Every branch keeps the anchor (committed, in all of them), and the accepted one keeps the
-        // in-place path too: a branch that already ends where the slot ends needs no copy next step
-        // (each seq_rm and seq_cp walks every cell of the cache).
+        // Every branch keeps the anchor (committed, in all of them).
         const StepLedger::Scope kv(stats_.ledger(), Part::Kv);
         if (cut_trees_at_once_) {
             cut_tree_at_once(s, path, n_in_place);
         } else {
             llama_memory_t mem = llama_get_memory(ctx_.ctx);
             for (const int32_t b : s.rows.branches) {
-                llama_memory_seq_rm(mem, b, s.seq.pos + 1 + (b == branch ? n_in_place : 0), -1);
+                llama_memory_seq_rm(mem, b, s.seq.pos + 1 + (b == branch || b == idx ? n_in_place : 0), -1);
             }
         }
         s.rows.branches.clear();
@@ -452,13 +455,14 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
     for (int j = n_in_place; j < k; ++j) s.seq.pending.push_back(t.token[static_cast<size_t>(path[static_cast<size_t>(j)])]);
     s.seq.pending_pos0 = s.seq.pos + n_in_place + 1;
 
-    queue_rows(s, s.rows.row0, 1, s.seq.pos);  // the anchor, then the accepted nodes' rows (not adjacent in the batch)
+    std::vector<int32_t> committed_rows{s.rows.row0};  // the anchor, then the accepted nodes' rows (not adjacent)
     std::vector<llama_token> accepted(static_cast<size_t>(k));
     for (int j = 0; j < k; ++j) {
         const int node = path[static_cast<size_t>(j)];
-        queue_rows(s, s.rows.row0 + node_row[static_cast<size_t>(node)], 1, s.seq.pos + 1 + j);
+        committed_rows.push_back(s.rows.row0 + node_row[static_cast<size_t>(node)]);
         accepted[static_cast<size_t>(j)] = t.token[static_cast<size_t>(node)];
     }
+    queue_rows(s, committed_rows, s.seq.pos);
     const int depth = *std::max_element(t.depth.begin(), t.depth.end());
     stats_.block(s.request.stats, std::min(depth, max_draft_), true);
     stats_.drafted(s.request.stats, depth, n, k);

@@ -304,7 +304,8 @@ class BatchEngine {
     void init_context();  // batch_engine_context.cpp: the slots' context sources, the global cache
     void record_logprob(Slot & s, const float * logits, llama_token token);
     void cut_tree_at_once(const Slot & s, const std::vector<int32_t> & path, int n_in_place);
-    void queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0);
+    void queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0);  // rows row0.. at positions pos0..
+    void queue_rows(Slot & s, const std::vector<int32_t> & rows, int32_t pos0);
     int32_t reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt);
     int32_t reusable_prefix(const Slot & s, const std::vector<llama_token> & prompt) const;
     using Decodes = std::vector<std::pair<int, std::vector<int>>>;  // verify rows, slots: one decode each

@@ -156,22 +156,24 @@ const float * TargetRunner::lazy_logits(int32_t row) {
     return out;
 }
 
-void TargetRunner::append_features(int32_t row0, int32_t n, std::vector<float> & out) const {
-    const size_t width = static_cast<size_t>(feature_width());
-    const size_t base = out.size();
-    out.resize(base + static_cast<size_t>(n) * width);
+void TargetRunner::append_features(const int32_t * rows, int32_t n, std::vector<float> & out) const {
+    const size_t row_floats = static_cast<size_t>(n_embd_);
+    std::vector<const float *> layer_rows(layers_.size());
     for (size_t k = 0; k < layers_.size(); ++k) {
-        const float * rows = path_ == CapturePath::Callback
-                                 ? capture_->rows(layers_[k])
-                                 : llama_get_embeddings_layer_inp(ctx_, static_cast<uint32_t>(layers_[k]));
-        if (rows == nullptr) {
+        layer_rows[k] = path_ == CapturePath::Callback
+                            ? capture_->rows(layers_[k])
+                            : llama_get_embeddings_layer_inp(ctx_, static_cast<uint32_t>(layers_[k]));
+        if (layer_rows[k] == nullptr) {
             throw Error("target layer input " + std::to_string(layers_[k]) +
                         " was not captured (is this target architecture supported by upstream's extraction?)");
         }
-        for (int32_t i = 0; i < n; ++i) {
-            std::memcpy(out.data() + base + static_cast<size_t>(i) * width + k * static_cast<size_t>(n_embd_),
-                        rows + static_cast<size_t>(row0 + i) * static_cast<size_t>(n_embd_),
-                        static_cast<size_t>(n_embd_) * sizeof(float));
+    }
+    // appended in place (a resize first zero-filled the rows it then overwrote: both passes miss
+    // the cache, which the verify's head products ran through after the decode wrote the rows)
+    for (int32_t i = 0; i < n; ++i) {
+        for (size_t k = 0; k < layers_.size(); ++k) {
+            const float * src = layer_rows[k] + static_cast<size_t>(rows[i]) * row_floats;
+            out.insert(out.end(), src, src + row_floats);
         }
     }
 }

@@ -52,9 +52,9 @@ class TargetRunner {
     int64_t lazy_head_rows() const { return lazy_rows_total_; }
     double lazy_head_seconds() const { return lazy_seconds_; }
 
-    // Features of rows [row0, row0+n) of the last decode, n x (n_layers * n_embd) floats, appended
-    // to out (the drafter's feed: one copy).
-    void append_features(int32_t row0, int32_t n, std::vector<float> & out) const;
+    // Features of the last decode's rows rows[0..n), n x (n_layers * n_embd) floats, appended to
+    // out (the drafter's feed: one copy).
+    void append_features(const int32_t * rows, int32_t n, std::vector<float> & out) const;
     int32_t feature_width() const { return static_cast<int32_t>(layers_.size()) * n_embd_; }
 
     void claim();    // make the context capture exactly this runner's layers (before each request)
