@@ -128,7 +128,7 @@ def main() -> int:
             runs = {name: [o.stats for o in outs] for name, outs in
                     run_interleaved(specs, prompts, args.max_tokens, temp).items()}
             print(f"\n{set_name}, {len(prompts)} prompts, T={temp:g} ({time.time() - t0:.0f} s): ms per step "
-                  f"(prefill: ms per step spent on prompt chunks, outside the step column)")
+                  f"(prefill: ms per step spent on prompt chunks, all of their work, outside the step column)")
             print("\n".join(ledger_table({name: summarize(stats) for name, stats in runs.items()})))
             sys.stdout.flush()
     for spec in specs.values():

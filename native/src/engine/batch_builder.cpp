@@ -304,6 +304,7 @@ int BatchEngine::prefill_chunks(std::vector<int32_t> & counts, std::vector<llama
         if (exact_rows_ > 0 && chunk < std::min(left, batch_cap_)) {
             continue;  // exact batches: plain decoding's whole chunk, at a later step
         }
+        const StepLedger::Scope prefill(stats_.ledger(), Part::Prefill);  // all of the chunk's work
         {
             const StepLedger::Scope build(stats_.ledger(), Part::Build);
             batch_.n_tokens = 0;

@@ -25,8 +25,13 @@ bool is_host(Part p) {
     }
 }
 
-StepLedger::Scope::Scope(StepLedger & ledger, Part part) : ledger_(ledger), part_(part), t0_(Clock::now()) {
+StepLedger::Scope::Scope(StepLedger & ledger, Part part)
+    : ledger_(ledger),
+      part_(ledger.prefill_open_ > 0 ? Part::Prefill : part),
+      opens_prefill_(part == Part::Prefill),
+      t0_(Clock::now()) {
     ledger_.inner_.push_back(0.0);
+    if (opens_prefill_) ++ledger_.prefill_open_;
 }
 
 StepLedger::Scope::~Scope() {
@@ -35,10 +40,11 @@ StepLedger::Scope::~Scope() {
     ledger_.inner_.pop_back();
     ledger_.seconds_[static_cast<size_t>(part_)] += elapsed - inner;
     if (!ledger_.inner_.empty()) ledger_.inner_.back() += elapsed;
+    if (opens_prefill_) --ledger_.prefill_open_;
 }
 
 void StepLedger::add(Part part, double seconds) {
-    seconds_[static_cast<size_t>(part)] += seconds;
+    seconds_[static_cast<size_t>(prefill_open_ > 0 ? Part::Prefill : part)] += seconds;
     if (!inner_.empty()) inner_.back() += seconds;
 }
 

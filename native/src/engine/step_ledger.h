@@ -29,7 +29,7 @@ enum class Part : uint8_t {
     Features,    // copying the committed rows' hidden states for the drafter
     Inject,      // the drafter's inject graph when it runs alone (not with a propose)
     Sources,     // telling the draft sources what was committed (the context index's appends)
-    Prefill,     // llama_decode (and sync) of prompt chunks
+    Prefill,     // prompt chunks: their rows, decode, features and first token (every part inside)
     Other,       // the rest of the step: commits, counters
     Count,
 };
@@ -44,6 +44,8 @@ class StepLedger {
     using Clock = std::chrono::steady_clock;
 
     // Times one part from construction to destruction, less the scopes and add()s inside it.
+    // Inside a Prefill scope every part is Prefill: a prompt chunk's host work (hundreds of rows
+    // built, their features copied) belongs to the prompt, not to the verify steps beside it.
     class Scope {
       public:
         Scope(StepLedger & ledger, Part part);
@@ -54,6 +56,7 @@ class StepLedger {
       private:
         StepLedger & ledger_;
         Part part_;
+        bool opens_prefill_;
         Clock::time_point t0_;
     };
 
@@ -73,6 +76,7 @@ class StepLedger {
   private:
     std::array<double, kParts> seconds_{};
     std::vector<double> inner_;  // per open scope: the seconds of what was timed inside it
+    int prefill_open_ = 0;       // open Prefill scopes
     int64_t steps_ = 0, rows_ = 0;
 };
 
