@@ -93,7 +93,9 @@ DraftTree build_draft_tree(const Lattice & lat, int budget) {
     rows.add(lat.row(0, 0));
     for (auto * v : {&tree.parent, &tree.depth, &tree.cand, &tree.token}) v->reserve(static_cast<size_t>(budget));
     tree.logp.reserve(static_cast<size_t>(budget));
-    std::priority_queue<Frontier> heap;
+    std::vector<Frontier> frontier;
+    frontier.reserve(2 * static_cast<size_t>(budget) + 1);  // each node pushes at most two
+    std::priority_queue<Frontier> heap(std::less<Frontier>(), std::move(frontier));
     uint64_t seq = 0;
     const auto push = [&](int32_t parent, int32_t depth, int32_t rank, double parent_logp) {
         if (rank < rows.size(parent + 1)) {

@@ -46,7 +46,6 @@ void BatchEngine::add_tree_rows(int idx, Slot & s) {
     }
     int32_t chain_leaf = 0;  // node 0 is the root's first child
     while (n > 0 && first_child[static_cast<size_t>(chain_leaf)] >= 0) chain_leaf = first_child[static_cast<size_t>(chain_leaf)];
-    std::vector<std::vector<int32_t>> seqs(static_cast<size_t>(n));
     s.rows.branches.clear();
     s.rows.branch_leaf.clear();
     s.rows.node_branch.assign(static_cast<size_t>(n), -1);
@@ -56,9 +55,8 @@ void BatchEngine::add_tree_rows(int idx, Slot & s) {
         const int32_t b = leaf == chain_leaf ? idx : n_slots() + idx * tree_branches_ + n_own++;
         s.rows.branches.push_back(b);
         s.rows.branch_leaf.push_back(leaf);
-        for (int v = leaf; v >= 0; v = t.parent[static_cast<size_t>(v)]) {
-            seqs[static_cast<size_t>(v)].push_back(b);
-            if (s.rows.node_branch[static_cast<size_t>(v)] < 0) s.rows.node_branch[static_cast<size_t>(v)] = b;
+        for (int v = leaf; v >= 0 && s.rows.node_branch[static_cast<size_t>(v)] < 0; v = t.parent[static_cast<size_t>(v)]) {
+            s.rows.node_branch[static_cast<size_t>(v)] = b;
         }
     }
     {
@@ -76,6 +74,7 @@ void BatchEngine::add_tree_rows(int idx, Slot & s) {
     // (benchmarks/tree_attention.py: bit-identical rows); the commit keeps that order (commit_tree).
     s.rows.node_row.assign(static_cast<size_t>(n), 0);
     std::vector<int32_t> stack;
+    const std::vector<int32_t> no_seqs;  // (filled in below)
     for (int v = n - 1; v >= 0; --v) {
         if (t.parent[static_cast<size_t>(v)] < 0) stack.push_back(v);  // later siblings deeper in the stack
     }
@@ -84,10 +83,16 @@ void BatchEngine::add_tree_rows(int idx, Slot & s) {
         const int32_t v = stack.back();
         stack.pop_back();
         s.rows.node_row[static_cast<size_t>(v)] = row++;
-        add_row(t.token[static_cast<size_t>(v)], s.seq.pos + t.depth[static_cast<size_t>(v)], seqs[static_cast<size_t>(v)],
-                true);
+        add_row(t.token[static_cast<size_t>(v)], s.seq.pos + t.depth[static_cast<size_t>(v)], no_seqs, true);
         for (int c = n - 1; c > v; --c) {
             if (t.parent[static_cast<size_t>(c)] == v) stack.push_back(c);
+        }
+    }
+    // every node's row in the sequences of the leaves below it, in leaf order
+    for (size_t i = 0; i < s.rows.branches.size(); ++i) {
+        for (int v = s.rows.branch_leaf[i]; v >= 0; v = t.parent[static_cast<size_t>(v)]) {
+            const int32_t r = s.rows.row0 + s.rows.node_row[static_cast<size_t>(v)];
+            batch_.seq_id[r][batch_.n_seq_id[r]++] = s.rows.branches[i];
         }
     }
 }

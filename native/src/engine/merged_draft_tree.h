@@ -55,15 +55,13 @@ inline MergedTree merge_draft_trees(const ScoredNodes & lattice, const ScoredNod
 
 // A DraftTree's nodes as a source's candidates, each estimate calibrated by `calibrated(logp)`.
 template <class Calibrate> ScoredNodes scored_nodes(const DraftTree & t, Calibrate calibrated) {
-    ScoredNodes out;
-    for (int v = 0; v < t.size(); ++v) {
-        const auto i = static_cast<size_t>(v);
-        out.parent.push_back(t.parent[i]);
-        out.token.push_back(t.token[i]);
-        out.cand.push_back(t.cand[i]);
-        out.raw_logp.push_back(t.logp[i]);
-        out.p.push_back(calibrated(t.logp[i]));
-    }
+    ScoredNodes out;  // (whole copies: a push_back per node grew five vectors through five sizes)
+    out.parent = t.parent;
+    out.token = t.token;
+    out.cand = t.cand;
+    out.raw_logp = t.logp;
+    out.p.reserve(t.logp.size());
+    for (const double logp : t.logp) out.p.push_back(calibrated(logp));
     return out;
 }
 
@@ -72,6 +70,7 @@ template <class Calibrate> ScoredNodes scored_nodes(const DraftTree & t, Calibra
 // the first b are the best tree of b nodes; 0: verify none).
 template <class PriceOf> int best_prefix(const DraftTree & t, PriceOf price) {
     std::vector<double> committed(1, 1.0);  // b = 0: a plain step
+    committed.reserve(t.logp.size() + 1);
     for (const double logp : t.logp) committed.push_back(committed.back() + std::exp(logp));
     return best_rate(0, t.size(), [&](int b) { return price(b, committed[static_cast<size_t>(b)]); }).index;
 }

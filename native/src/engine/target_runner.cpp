@@ -136,7 +136,10 @@ void TargetRunner::end_lazy_head(bool armed, int32_t n) {
     last_lazy_ = armed && head_capture_->end_cut();
     if (last_lazy_) {
         lazy_n_ = n;
-        lazy_logits_.resize(static_cast<size_t>(n) * static_cast<size_t>(n_vocab_));
+        // grown, never shrunk: the head writes a row before it is read, and growing back after a
+        // smaller batch zero-filled 200 KB a row (SmolLM2's vocabulary) that the head then overwrote
+        const size_t need = static_cast<size_t>(n) * static_cast<size_t>(n_vocab_);
+        if (lazy_logits_.size() < need) lazy_logits_.resize(need);
         lazy_done_.assign(static_cast<size_t>(n), 0);
     }
 }

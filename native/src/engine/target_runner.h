@@ -96,7 +96,7 @@ class TargetRunner {
     std::string head_error_;
     bool last_lazy_ = false;                 // the last decode stopped before the head
     int32_t lazy_n_ = 0;                     // its rows
-    std::vector<float> lazy_logits_;         // lazy_n_ x n_vocab_, row j valid once lazy_done_[j]
+    std::vector<float> lazy_logits_;         // lazy_n_ x n_vocab_ (or more), row j valid once lazy_done_[j]
     std::vector<uint8_t> lazy_done_;
     bool feeding_ = true;
     int64_t lazy_rows_total_ = 0;

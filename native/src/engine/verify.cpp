@@ -66,6 +66,7 @@ VerifyResult verify_tree(const DraftTree & tree, const LogitRows & node_row, Tar
                          const std::function<void(const float *, llama_token)> & committed) {
     VerifyResult r;
     const int n = tree.size();
+    r.path.reserve(static_cast<size_t>(n));
     int node = -1;
     for (;;) {
         const float * logits = node_row(node);
