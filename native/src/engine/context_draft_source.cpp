@@ -121,7 +121,7 @@ void ContextDraftSource::gather(int max_depth) {
             add_paths(paths_, global_paths_);
         }
     }
-    scored_ = ScoredNodes{};
+    scored_.clear_and_reserve(static_cast<size_t>(paths_.size()));
     for (int v = 0; v < paths_.size(); ++v) {
         const auto i = static_cast<size_t>(v);
         const int32_t parent = paths_.parent[i];

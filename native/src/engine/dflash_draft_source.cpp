@@ -48,9 +48,12 @@ void DFlashDraftSource::begin(const SourceStart & start) {
 void DFlashDraftSource::accept(const Verified & v) {
     DraftSource::accept(v);
     if (v.block == nullptr || !v.block->is_tree) return;
+    const std::vector<int32_t> nodes = own_nodes(*v.block);
     std::vector<double> logp;
     std::vector<char> hit;
-    for (const int32_t node : own_nodes(*v.block)) {
+    logp.reserve(nodes.size());
+    hit.reserve(nodes.size());
+    for (const int32_t node : nodes) {
         logp.push_back(node_logp(*v.block, node));
         hit.push_back((*v.node_accepted)[static_cast<size_t>(node)]);
     }

@@ -5,6 +5,7 @@ namespace pdf2 {
 std::vector<int32_t> DraftSource::own_nodes(const DraftBlock & b) const {
     std::vector<int32_t> out;
     if (!b.is_tree) return out;
+    out.reserve(static_cast<size_t>(b.tree.size()));
     for (int node = 0; node < b.tree.size(); ++node) {
         // an unmerged tree is the lattice's (index 0)
         const bool own = b.is_merged() ? (b.origin[static_cast<size_t>(node)] & origin_bit()) != 0 : index_ == 0;

@@ -32,6 +32,16 @@ struct ScoredNodes {
     std::vector<double> p;        // calibrated acceptance estimate of the node's whole path
     std::vector<double> raw_logp; // the source's own log-estimate (what its calibration learns from)
     int size() const { return static_cast<int>(token.size()); }
+    void clear_and_reserve(size_t n) {  // (keeps the capacity a source refills every step)
+        for (auto * v : {&parent, &token, &cand}) {
+            v->clear();
+            v->reserve(n);
+        }
+        for (auto * v : {&p, &raw_logp}) {
+            v->clear();
+            v->reserve(n);
+        }
+    }
 };
 
 // The merged tree's nodes, with the tree.
