@@ -116,10 +116,18 @@ int64_t NgramTable::unwrap(uint32_t pos32) const {
     return base_ + static_cast<int64_t>(static_cast<uint32_t>(pos32 - static_cast<uint32_t>(base_)));
 }
 
+void NgramTable::prefetch(const uint64_t * hashes, int count) const {
+    for (int n = 1; n <= count; ++n) {
+        const Map & m = maps_[static_cast<size_t>(n - 1)];
+        if (!m.slots.empty()) __builtin_prefetch(&m.slots[home(m, key_of(hashes[n - 1]))]);
+    }
+}
+
 void NgramTable::push_back(const uint64_t * hashes, int count) {
     const int64_t pos = end();
     const size_t row = links_.size();
     links_.resize(row + static_cast<size_t>(max_ngram_), 0);
+    prefetch(hashes, count);
     for (int n = 1; n <= count; ++n) {
         Map & m = maps_[static_cast<size_t>(n - 1)];
         const uint32_t key = key_of(hashes[n - 1]);
@@ -288,6 +296,7 @@ void ContextIndex::propose(int max_depth, ContextPaths & out) const {
     // a suffix as long as the stream has no earlier occurrence
     const int longest = static_cast<int>(std::min(static_cast<size_t>(opts_.max_ngram), size - 1));
     const int n_max = context_detail::suffix_hashes(tokens_, size, longest, hashes);
+    table_.prefetch(hashes, n_max);
     std::vector<int64_t> found;
     found.reserve(static_cast<size_t>(std::min(opts_.max_occurrences, 64)));
     for (int n = n_max; n >= opts_.min_ngram; --n) {
@@ -389,6 +398,7 @@ void ContextCache::propose(const llama_token * query, size_t n_query, int max_de
     }
     uint64_t hashes[kMaxNgram];
     const int n_max = context_detail::suffix_hashes(query, n_query, opts_.index.max_ngram, hashes);
+    table_.prefetch(hashes, n_max);
     std::vector<int64_t> found;
     found.reserve(static_cast<size_t>(std::min(opts_.index.max_occurrences, 64)));
     for (int n = n_max; n >= opts_.index.min_ngram; --n) {

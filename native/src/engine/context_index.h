@@ -42,6 +42,9 @@ class NgramTable {
     // Registers the n-grams of length 1..count (count <= max_ngram) ending at position end(), their
     // hashes in hashes[n-1]; count 0 keeps the position without n-grams.
     void push_back(const uint64_t * hashes, int count);
+    // Asks the cache for the slots of those n-grams' maps: the maps are large and cold after a
+    // target decode, and one miss at a time per n-gram length (12) was most of an append or lookup.
+    void prefetch(const uint64_t * hashes, int count) const;
     // Drops position base(), whose n-grams (the same hashes and count as pushed) go with it.
     void pop_front(const uint64_t * hashes, int count);
 
