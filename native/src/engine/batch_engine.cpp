@@ -399,7 +399,8 @@ void BatchEngine::cut_tree_at_once(const Slot & s, const std::vector<int32_t> & 
         for (int32_t v = leaf; v >= 0 && shared == 0; v = t.parent[static_cast<size_t>(v)]) {
             shared = kept_depth[static_cast<size_t>(v)];
         }
-        if (shared < n_in_place && t.depth[static_cast<size_t>(leaf)] > shared) {  // (never the slot's own)
+        // (the slot's own sequence, the first-child chain's, holds the whole in-place path: never cut here)
+        if (shared < n_in_place && t.depth[static_cast<size_t>(leaf)] > shared) {
             llama_memory_seq_rm(mem, s.rows.branches[i], s.seq.pos + 1 + shared, s.seq.pos + 1 + n_in_place);
         }
     }
