@@ -323,6 +323,20 @@ def test_phase_breakdown_partitions_the_request(models, llm, n_max, temperature)
                                               rel=1e-6, abs=1e-6)
 
 
+def test_a_prompt_chunks_work_is_all_prefill(models, llm) -> None:
+    """A request that ends with its first token verifies nothing: all of its ledger time is its prompt's
+    (the rows built, their features copied for the drafter, the first token), none in the verify steps'
+    host parts, which would otherwise carry a long prompt's copies."""
+    with Speculator(llm, models["v2"], n_max=3) as spec:
+        spec.generate("Hello", max_tokens=8, chat=False)
+        out = spec.generate("Once upon a time there was a little house at the edge of a wood", max_tokens=1,
+                            chat=False)
+    p = out.stats["phases"]
+    assert len(out.tokens) == 1 and p["prefill_s"] > 0, p
+    # (the step around the chunk still plans: nothing to verify, a fraction of a microsecond)
+    assert all(p[k] == 0.0 for k in ("build_s", "decode_s", "verify_s", "features_s", "sources_s", "kv_s")), p
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
