@@ -434,9 +434,7 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
         ++n_in_place;
     }
     // The path's in-place nodes are the first-child chain's, whose leaf's branch is the slot's own
-    // sequence (add_tree_rows): they are the slot's already. The branch through the last accepted
-    // node keeps them too, and so ends where the slot ends (no copy next step).
-    const int32_t branch = k > 0 ? s.rows.node_branch[static_cast<size_t>(path.back())] : idx;
+    // sequence (add_tree_rows): they are the slot's already, no copy.
     {
         // The tree's rows leave the branches, which keep the context for the next tree (sync_branch).
         // Every branch keeps the anchor (committed, in all of them).
@@ -444,6 +442,9 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
         if (cut_trees_at_once_) {
             cut_tree_at_once(s, path, n_in_place);
         } else {
+            // the branch through the last accepted node keeps the in-place path too: when the whole
+            // path was in place, it ends where the slot ends and needs no copy next step
+            const int32_t branch = k > 0 ? s.rows.node_branch[static_cast<size_t>(path.back())] : idx;
             llama_memory_t mem = llama_get_memory(ctx_.ctx);
             for (const int32_t b : s.rows.branches) {
                 llama_memory_seq_rm(mem, b, s.seq.pos + 1 + (b == branch || b == idx ? n_in_place : 0), -1);
