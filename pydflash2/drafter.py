@@ -169,6 +169,15 @@ class Drafter:
     def inject(self, features: np.ndarray, positions: Any) -> None:
         """Appends committed context rows: features [n, n_target_layers*H]
         (float32), positions [n] strictly increasing after the cache end."""
+        f, p = self._rows(features, positions)
+        rc = lib.pdf2_drafter_inject(
+            self._h, ffi.from_buffer("float[]", f), f.shape[1], ffi.from_buffer("int32_t[]", p), f.shape[0]
+        )
+        _check(rc, "inject")
+
+    @staticmethod
+    def _rows(features: np.ndarray, positions: Any) -> tuple[np.ndarray, np.ndarray]:
+        """features as float32 [n, width] and positions as int32 [n], checked for shape."""
         f = np.ascontiguousarray(features, dtype=np.float32)
         if f.ndim == 1:
             f = f[None, :]
@@ -177,20 +186,29 @@ class Drafter:
         p = np.ascontiguousarray(np.atleast_1d(positions), dtype=np.int32)
         if p.shape != (f.shape[0],):
             raise DrafterError(f"positions has shape {p.shape}, expected ({f.shape[0]},) (one per feature row)")
-        rc = lib.pdf2_drafter_inject(
-            self._h, ffi.from_buffer("float[]", f), f.shape[1], ffi.from_buffer("int32_t[]", p), f.shape[0]
-        )
-        _check(rc, "inject")
+        return f, p
 
     def truncate(self, pos: int) -> None:
         """Drops cached rows at positions >= pos."""
         _check(lib.pdf2_drafter_truncate(self._h, int(pos)), "truncate")
 
     # ---------------------------------------------------------------- drafting
-    def propose(self, anchor: int, pos: int, n: int | None = None) -> Proposal:
-        """Drafts block [anchor, MASK x (n-1)] at positions pos..pos+n-1."""
+    def propose(self, anchor: int, pos: int, n: int | None = None, *, features: np.ndarray | None = None,
+                positions: Any = None) -> Proposal:
+        """Drafts block [anchor, MASK x (n-1)] at positions pos..pos+n-1. With features and
+        positions, those context rows are injected first in the same graph (as inject() would:
+        what the engine runs each step with the rows it committed)."""
         n = self.block_size if n is None else int(n)
-        _check(lib.pdf2_drafter_propose(self._h, int(anchor), int(pos), n), "propose")
+        if features is None and positions is None:
+            _check(lib.pdf2_drafter_propose(self._h, int(anchor), int(pos), n), "propose")
+        else:
+            if features is None or positions is None:
+                raise DrafterError("propose: features and positions come together")
+            f, p = self._rows(features, positions)
+            rc = lib.pdf2_drafter_inject_and_propose(self._h, ffi.from_buffer("float[]", f), f.shape[1],
+                                                     ffi.from_buffer("int32_t[]", p), f.shape[0], int(anchor),
+                                                     int(pos), n)
+            _check(rc, "propose")
         self._last_n = n
         P = n - 1
         if self.version == 2:

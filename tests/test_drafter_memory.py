@@ -98,6 +98,39 @@ def test_graph_shapes_stay_bounded(target_gguf, drafter2_gguf) -> None:
             d.set_max_graphs(0)
 
 
+def test_a_fused_inject_proposes_what_inject_then_propose_does(target_gguf, drafter2_gguf) -> None:
+    """propose(features=, positions=) injects the rows in the propose's own graph (the engine's
+    step): the same proposals, step after step, as inject() then propose(), for every row count
+    up to the block. Its graphs take the rows padded to a power of two (a graph per count was a
+    build each), so the padding must stay out of every proposal and out of the cache."""
+    import numpy as np
+
+    rng = np.random.default_rng(13)
+    with (Drafter(drafter2_gguf, target_gguf, n_ctx=512, n_threads=1, device="CPU") as fused,
+          Drafter(drafter2_gguf, target_gguf, n_ctx=512, n_threads=1, device="CPU") as apart):
+        prompt = rng.standard_normal((9, fused.feature_width)).astype(np.float32)
+        fused.inject(prompt, np.arange(9))
+        apart.inject(prompt, np.arange(9))
+        builds = fused.info["n_graph_builds"]
+        pos = 9
+        for m in [*range(1, fused.block_size + 1), 3, 7, 5]:
+            rows = rng.standard_normal((m, fused.feature_width)).astype(np.float32)
+            got = fused.propose(4, pos + m, fused.block_size, features=rows, positions=np.arange(pos, pos + m))
+            apart.inject(rows, np.arange(pos, pos + m))
+            want = apart.propose(4, pos + m, fused.block_size)
+            # (equal but for float rounding: ggml's matmuls round by the shapes they are given)
+            np.testing.assert_array_equal(got.candidates, want.candidates, err_msg=f"m={m}")
+            np.testing.assert_allclose(got.scores, want.scores, rtol=0, atol=1e-4 * np.abs(want.scores).max(),
+                                       err_msg=f"m={m}")
+            pos += m
+        assert fused.n_cached == apart.n_cached == pos
+        # row counts 1..block_size in graphs of 1, 2, 4, 8, ... rows (block_size included)
+        shapes = {min(1 << (m - 1).bit_length(), fused.block_size) for m in range(1, fused.block_size + 1)}
+        assert fused.info["n_graph_builds"] - builds == len(shapes) < fused.block_size
+        with pytest.raises(DrafterError, match="together"):
+            fused.propose(4, pos + 1, features=rows)
+
+
 def test_reserved_graph_slots_do_not_grow(target_gguf, drafter2_gguf) -> None:
     """reserve_graphs (the server's drafters, at startup) creates every graph slot with its
     buffers at the largest shapes: inject and propose of any length and context afterwards

@@ -100,6 +100,12 @@ int pdf2_drafter_truncate(pdf2_drafter * d, int32_t pos);
  * block_size, pos after the cache end). The result stays in the drafter
  * until the next propose: read it with get_lattice / get_logits / select_path. */
 int pdf2_drafter_propose(pdf2_drafter * d, int32_t anchor, int32_t pos, int32_t n);
+/* inject(features, width, positions, m) then propose(anchor, pos, n) in one graph
+ * (m <= block_size; more are injected by graphs of their own first): what the
+ * engine runs each step, with the rows it committed. The same ops as the two calls
+ * (equal but for float rounding: ggml's matmuls round by the shapes they are given). */
+int pdf2_drafter_inject_and_propose(pdf2_drafter * d, const float * features, int64_t width,
+                                    const int32_t * positions, int32_t m, int32_t anchor, int32_t pos, int32_t n);
 
 /* DFlash2: candidates [n-1][k] and scores [n-1][k(pred)][k(cand)] of the last
  * proposal, k = selector_top_k; row 0 of each position-1 matrix is the

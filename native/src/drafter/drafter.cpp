@@ -297,11 +297,26 @@ const Proposal & Drafter::inject_and_propose(const float * features, size_t widt
         throw Error("block position overflows");
     }
     const int n_kv = static_cast<int>(cache_->bucket_for(static_cast<uint32_t>(m + n)));
-    DrafterGraph & g = graph_for({true, n, n_kv, m});
-
     const uint32_t row0 = cache_->n_cached();
-    std::vector<int64_t> inj_rows(static_cast<size_t>(m));
-    for (int i = 0; i < m; ++i) inj_rows[static_cast<size_t>(i)] = row0 + i;
+    // The rows injected come padded to a power of two: a step injects the rows it accepted, and
+    // each count was a graph of its own to build the first time it came (most of a merged step's
+    // graph setup). The padding rows are zero features written past the block's rows, where no
+    // mask reaches and the next commit overwrites them.
+    int m_graph = m;
+    if (m > 0) {
+        while ((m_graph & (m_graph - 1)) != 0) ++m_graph;
+        m_graph = std::min(m_graph, max_fused_inject());  // (reserve_graph_slots' largest shape)
+        if (row0 + static_cast<uint32_t>(m_graph + n) > cache_->capacity()) m_graph = m;
+    }
+    DrafterGraph & g = graph_for({true, n, n_kv, m_graph});
+
+    std::vector<int64_t> inj_rows(static_cast<size_t>(m_graph));
+    std::vector<int32_t> inj_pos(static_cast<size_t>(m_graph));
+    for (int i = 0; i < m_graph; ++i) {
+        inj_rows[static_cast<size_t>(i)] = i < m ? row0 + i : row0 + n + i;
+        inj_pos[static_cast<size_t>(i)] = positions[std::min(i, m - 1)];
+    }
+    if (m_graph > m) padding_.resize(static_cast<size_t>(m_graph - m) * width, 0.0f);
     std::vector<int32_t> tokens(n, hp.mask_token_id);
     tokens[0] = anchor;
     std::vector<int32_t> qpos(n);
@@ -320,9 +335,14 @@ const Proposal & Drafter::inject_and_propose(const float * features, size_t widt
         if (g.mask_swa) fill_mask(mask_swa, n_kv, qpos.data(), n, true);
         compute(g, [&] {
             if (m > 0) {
-                ggml_backend_tensor_set(g.inj_features, features, 0, static_cast<size_t>(m) * width * sizeof(float));
-                ggml_backend_tensor_set(g.inj_pos, positions, 0, m * sizeof(int32_t));
-                ggml_backend_tensor_set(g.inj_rows, inj_rows.data(), 0, m * sizeof(int64_t));
+                const size_t real = static_cast<size_t>(m) * width * sizeof(float);
+                ggml_backend_tensor_set(g.inj_features, features, 0, real);
+                if (m_graph > m) {
+                    ggml_backend_tensor_set(g.inj_features, padding_.data(), real,
+                                            static_cast<size_t>(m_graph - m) * width * sizeof(float));
+                }
+                ggml_backend_tensor_set(g.inj_pos, inj_pos.data(), 0, m_graph * sizeof(int32_t));
+                ggml_backend_tensor_set(g.inj_rows, inj_rows.data(), 0, m_graph * sizeof(int64_t));
             }
             ggml_backend_tensor_set(g.tokens, tokens.data(), 0, n * sizeof(int32_t));
             ggml_backend_tensor_set(g.pos, qpos.data(), 0, n * sizeof(int32_t));

@@ -61,7 +61,8 @@ class Drafter {
     // inject(features, width, positions, m) and propose(anchor, pos, n) as ONE graph computation
     // (m <= max_fused_inject(), else the rows are injected by graphs of their own first). A
     // step commits at most a block's rows; more come after a stretch without drafting.
-    // Same numbers as the two calls: the injected rows go through the same ops.
+    // The injected rows go through the same ops as inject()'s (equal but for float rounding:
+    // ggml's matmuls round by the shapes they are given).
     const Proposal & inject_and_propose(const float * features, size_t width, const int32_t * positions, int m,
                                         int32_t anchor, int32_t pos, int n);
     int max_fused_inject() const { return static_cast<int>(hparams().block_size); }
@@ -138,6 +139,7 @@ class Drafter {
     std::vector<std::pair<GraphKey, std::unique_ptr<DrafterGraph>>> stale_graphs_;
     Proposal last_;
     std::vector<float> readback_;
+    std::vector<float> padding_;  // zero feature rows that pad a fused inject (inject_and_propose)
 };
 
 }  // namespace pdf2

@@ -105,6 +105,16 @@ extern "C" int pdf2_drafter_propose(pdf2_drafter * d, int32_t anchor, int32_t po
     return run([&] { get(d).propose(anchor, pos, n); });
 }
 
+extern "C" int pdf2_drafter_inject_and_propose(pdf2_drafter * d, const float * features, int64_t width,
+                                               const int32_t * positions, int32_t m, int32_t anchor, int32_t pos,
+                                               int32_t n) {
+    return run([&] {
+        if (width < 0) throw pdf2::Error("negative feature width");
+        if (m < 0) throw pdf2::Error("negative row count");
+        get(d).inject_and_propose(features, static_cast<size_t>(width), positions, m, anchor, pos, n);
+    });
+}
+
 extern "C" int pdf2_drafter_get_lattice(const pdf2_drafter * d, int32_t * candidates, float * scores) {
     return run([&] {
         const pdf2::Drafter & dr = get(d);
