@@ -253,31 +253,42 @@ def test_bench_runs_tree_budgets_beside_the_chain(tmp_path, target_gguf, drafter
     assert auto["auto_decision"].startswith("auto tree: ") and 0 <= auto["tree_steps"]
 
 
-def test_context_drafts_in_generate_and_bench(tmp_path, target_gguf, drafter2_gguf) -> None:
+def test_context_drafts_in_generate_and_bench(tmp_path, target_gguf, drafter2_gguf, capfd, monkeypatch) -> None:
     """--context-drafts: generate's JSON counts the context's drafts (default request; off: none, as with
-    --exact); bench runs each configuration with them beside it, and context drafts alone at --n-max 0."""
+    --exact); bench runs each configuration with them beside it, and context drafts alone at --n-max 0.
+    In process, with the step costs set (a verify costs the same at any row count): the cost model's
+    prefix of each context tree then depends on no timing (measured under CI's load, it once cut
+    every context node, and this test failed)."""
+    from pydflash2 import draft_costs
+    from pydflash2.cli import main
+
+    monkeypatch.setattr(draft_costs, "load_or_measure", lambda key, n_verify, n_draft, measure: {
+        "verify_s": [0.01] * n_verify, "draft_s": [0.001] * n_draft, "plain_s": 0.01, "head_s": 0.0})
+    monkeypatch.chdir(tmp_path)
     text = "Once upon a time the west wes the west the a the wes he the"
-    args = ("generate", text, "--model", str(target_gguf), "--draft", str(drafter2_gguf), "--max-tokens", "24",
-            "--raw", "--n-max", "3", "--json", "--n-ctx", "256")
-    outs = {mode: _run(*args, *(("--context-drafts", mode) if mode else ()), cwd=tmp_path)
-            for mode in (None, "off", "global")}
-    for mode, r in outs.items():
-        assert r.returncode == 0, (mode, r.stderr)
-    stats = {mode: json.loads(r.stdout)["stats"] for mode, r in outs.items()}
+    args = ["generate", text, "--model", str(target_gguf), "--draft", str(drafter2_gguf), "--max-tokens", "24",
+            "--raw", "--n-max", "3", "--json", "--n-ctx", "256"]
+    outs = {}
+    for mode in (None, "off", "global"):
+        capfd.readouterr()
+        assert main([*args, *(("--context-drafts", mode) if mode else ())]) == 0, (mode, capfd.readouterr().err)
+        outs[mode] = json.loads(capfd.readouterr().out)
+    stats = {mode: out["stats"] for mode, out in outs.items()}
     assert stats[None]["context_drafts"] == "request" and stats[None]["context_drafted"] > 0
     assert stats["off"]["context_drafted"] == 0 and stats["global"]["context_drafts"] == "global"
-    assert len({tuple(json.loads(r.stdout)["tokens"]) for r in outs.values()}) == 1  # lossless: one text
+    assert len({tuple(out["tokens"]) for out in outs.values()}) == 1  # lossless: one text
     prompts = tmp_path / "prompts.txt"
     prompts.write_text(text + "\n")
     out_dir = tmp_path / "bench"
-    r = _run("bench", "--model", str(target_gguf), "--draft", str(drafter2_gguf), "--prompts", str(prompts),
-             "--n-max", "3", "--context-drafts", "request", "--max-tokens", "12", "--repeats", "1", "--raw",
-             "--n-ctx", "256", "--out", str(out_dir), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    status = main(["bench", "--model", str(target_gguf), "--draft", str(drafter2_gguf), "--prompts", str(prompts),
+                   "--n-max", "3", "--context-drafts", "request", "--max-tokens", "12", "--repeats", "1", "--raw",
+                   "--n-ctx", "256", "--out", str(out_dir)])
+    captured = capfd.readouterr()
+    assert status == 0, captured.err
     results = json.loads((out_dir / "bench.json").read_text())["results"]
     assert {(x["n_max"], x["context_drafts"]) for x in results} == {(0, "off"), (0, "request"), (3, "off"),
                                                                      (3, "request")}
-    assert "ctx=request" in r.stdout
+    assert "ctx=request" in captured.out
     assert next(x for x in results if x["n_max"] == 0 and x["context_drafts"] == "request")["context_drafted"] > 0
 
 
