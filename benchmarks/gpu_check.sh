@@ -15,14 +15,16 @@
 # many parts as that leaves room for (three, with this tree); it prints the calls to make.
 #
 # A session runs it with the device tool (the machine goes back 30 s after a call: make each next
-# call at once, prepared beforehand; the whole check is about 10 of a session's 15 device minutes):
+# call at once, prepared beforehand; the whole check is about 10-11.5 of a session's 15 device minutes):
 #   run(command="bash benchmarks/gpu_check.sh call1", carry=[".dev/c1"], timeout_s=420)   # ~5.5 min
 #   run(command="bash benchmarks/gpu_check.sh call2", carry=[".dev/c2"], timeout_s=120)   # ~0.5 min
-#   run(command="bash benchmarks/gpu_check.sh call2", carry=[".dev/c3"], timeout_s=420)   # 2-4 min
+#   run(command="bash benchmarks/gpu_check.sh call2", carry=[".dev/c3"], timeout_s=420)   # 3-5.5 min
 # call1 waits for the build up to WAIT seconds (default 330; the CUDA build took 281 s on 16 cores);
 # the last call2 waits for whatever is left of it, then runs gpu_check.py under BENCH_S seconds (default
 # 300) with GPU_CHECK_ARGS (default: the issue's full sizes). Results come back in $OUT: gpu_check.json,
-# gpu_check.log, env.txt and the build log. Then give_back.
+# gpu_check.log, env.txt and the build log; then the same pair with CUDA graph capture off
+# (GGML_CUDA_DISABLE_GRAPHS=1, chain 7, merged 16 and auto, 64 tokens, under NOGRAPHS_S = 90 s) in
+# gpu_check_nographs.json and .log. Then give_back.
 #
 # A session whose travelling repository is not this project (a CEO's steering repo): prepare with
 # GPU_CHECK_ARCHIVE=1 puts `git archive HEAD` of the project in .dev/c1 (and counts it), and call1
@@ -215,6 +217,16 @@ call2() {
         --json "$OUT/gpu_check.json" ${GPU_CHECK_ARGS:-}) 2>&1 | tee "$OUT/gpu_check.log" \
         | grep -v "^llama_\|^load\|^print_info\|^ggml_\|^graph_\|^sched_\|^init\|^llm_load"
     s=$?
+    # The CUDA graphs A/B: llama.cpp's CUDA backend captures a graph per batch shape, and verifies
+    # vary their rows; the same pair with capture off (read when the backend starts: a process of
+    # its own), a smaller run, under NOGRAPHS_S seconds (default 90; 0 skips it).
+    if [ $s = 0 ] && [ "${NOGRAPHS_S:-90}" -gt 0 ]; then
+        # shellcheck disable=SC2086
+        (cd /tmp && GGML_CUDA_DISABLE_GRAPHS=1 timeout "${NOGRAPHS_S:-90}" $PY "$W/proj/benchmarks/gpu_check.py" \
+            --model "$W/smollm2.gguf" --json "$OUT/gpu_check_nographs.json" \
+            ${NOGRAPHS_ARGS:---configs "chain 7,merged tree 16,auto" --t1-configs "" --full-head-configs "" --max-tokens 64 --n-prompts 8 --cost-reps 3}) \
+            2>&1 | tee "$OUT/gpu_check_nographs.log" | grep -E "^\||^agentic|^chat|x plain|GGML_CUDA"
+    fi
     nvidia-smi --query-gpu=name,clocks.sm,utilization.gpu,memory.used --format=csv 2>/dev/null
     return $s
 }
@@ -241,11 +253,14 @@ dry_run() {
         echo "== call2 carrying .dev/c$K"
         (cd "$T/repo" && OUT=$T/out$K W=$T/w PY=$pyl BENCH_S=${BENCH_S:-900} \
             GPU_CHECK_ARGS="${GPU_CHECK_ARGS:---max-tokens 8 --n-prompts 1 --cost-reps 2 --threads 2}" \
+            NOGRAPHS_S=${NOGRAPHS_S:-300} \
+            NOGRAPHS_ARGS="${NOGRAPHS_ARGS:---configs auto --t1-configs '' --full-head-configs '' --max-tokens 8 --n-prompts 1 --cost-reps 2 --threads 2}" \
             bash benchmarks/gpu_check.sh call2)
         rc=$?
         [ $rc = 0 ] || { echo "dry run: call2 failed ($rc); kept $T" >&2; return $rc; }
     done
     [ -s "$T/out$n/gpu_check.json" ] || { echo "dry run: no gpu_check.json; kept $T" >&2; return 1; }
+    [ -s "$T/out$n/gpu_check_nographs.json" ] || { echo "dry run: no gpu_check_nographs.json; kept $T" >&2; return 1; }
     echo "== dry run passed: $n calls; results in $T/out$n: $(ls "$T/out$n" | tr '\n' ' ')"
     [ "${KEEP:-0}" = 1 ] || rm -rf "$T"
 }
