@@ -4,14 +4,17 @@ One target context made with pydflash2's capture callback (on SmolLM2 by
 default, a llama target, so the taps exist too). After a prefix, decodes of B
 tokens at the same position (rolled back after each) are timed, interleaved:
   plain     = no features captured (the callback installed but not armed)
-  tap       = llama.cpp's layer-input taps for the drafter's layers
+  tap       = llama.cpp's layer-input taps for the drafter's layers, set for the whole run
+  tap, set  = the same taps set again before every decode (what the engine did before issue 57,
+              turning them off for a plain step and on for the next verify: each
+              llama_set_embeddings_layer_inp call makes llama.cpp reserve its scheduler again)
   callback  = the callback armed for the same layers (the scheduler stops after
               each observed tensor; its rows are copied to the host)
   bare      = a second context made without the callback (what plain costs
               when the callback is not installed at all)
 B = 1 and 8 output logits for every row (as a verify does). The modes take
 turns in runs of 10 decodes. Prints median ms per decode and the ratios
-callback/tap and callback/plain from one run.
+callback/tap, callback/plain and (tap, set)/tap from one run.
 
     python benchmarks/capture_cost.py [--target smollm2] [--reps 60] [--threads 2] [--prefix 200]
 """
@@ -71,6 +74,8 @@ def main() -> None:
 
     def timed(mode: str, toks: list[int]) -> float:
         ctx = bare if mode == "bare" else cc.context
+        if mode == "tap, set":
+            set_taps(True)  # the values it had: llama.cpp reserves again all the same
         if mode == "callback":
             cc.capture.arm(layers, H, len(toks))
         t0 = time.perf_counter()
@@ -78,7 +83,7 @@ def main() -> None:
         if mode == "callback":
             cc.capture.check("llama")
             _ = [cc.capture.rows(lid) for lid in layers]  # what the engine reads out
-        elif mode == "tap":
+        elif mode.startswith("tap"):
             _ = [np.ctypeslib.as_array(ext.get_embeddings_layer_inp(cc.ctx, lid), shape=(len(toks), H)).copy()
                  for lid in layers]
         dt = time.perf_counter() - t0
@@ -86,10 +91,10 @@ def main() -> None:
         llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx.ctx), 0, args.prefix, -1)
         return dt
 
-    modes = ("plain", "tap", "callback", "bare")
+    modes = ("plain", "tap", "tap, set", "callback", "bare")
     print(f"target {target.name}: n_layer {n_layer}, n_embd {H}, layers {layers}, prefix {args.prefix}, "
           f"threads {args.threads}, reps {args.reps}")
-    print(f"{'B':>3} " + " ".join(f"{m + ' ms':>12}" for m in modes) + f" {'cb/tap':>8} {'cb/plain':>9}")
+    print(f"{'B':>3} " + " ".join(f"{m + ' ms':>12}" for m in modes) + f" {'cb/tap':>8} {'cb/plain':>9} {'set/tap':>8}")
     for B in sizes:
         times: dict[str, list[float]] = {m: [] for m in modes}
         toks = [int(t) for t in rng.integers(20, llm.n_vocab(), B)]
@@ -97,13 +102,14 @@ def main() -> None:
         # each run starts with one untimed decode (graph rebuild)
         for _ in range(max(1, args.reps // 10)):
             for m in modes:
-                set_taps(m == "tap")
+                set_taps(m.startswith("tap"))
                 timed(m, toks)
                 times[m] += [timed(m, toks) for _ in range(10)]
         set_taps(False)
         med = {m: statistics.median(v) * 1e3 for m, v in times.items()}
         print(f"{B:>3} " + " ".join(f"{med[m]:>12.3f}" for m in modes)
-              + f" {med['callback'] / med['tap']:>8.3f} {med['callback'] / med['plain']:>9.3f}")
+              + f" {med['callback'] / med['tap']:>8.3f} {med['callback'] / med['plain']:>9.3f}"
+              + f" {med['tap, set'] / med['tap']:>8.3f}")
     batch.close()
     cc.close()
 

@@ -343,13 +343,14 @@ class NativeEngine:
 
     def use_measured_costs(self, *, model_path: str, draft_path: str, device: str, n_threads: int,
                            lazy_head: bool, tokenize: Callable[[bytes], Sequence[int]], n_ctx: int,
+                           capture: str | None = None,
                            run: Callable[[Callable[[], Any]], Any] = lambda f: f()) -> dict[str, list[float]] | None:
         """When the config needs them: the costs cached for these files and this machine, or
         measured now (through run(measure)), given to the cost model. Returns them (None: not needed)."""
         if not (self.config.measure_costs and (self.max_draft > 0 or self.config.context_nodes > 0)):
             return None
         key = draft_costs.cost_key(model_path, draft_path, device, n_threads, self.max_draft, lazy_head,
-                                   self.max_verify_rows)
+                                   self.max_verify_rows, capture)
         prompt = draft_costs.warmup_prompt(tokenize, n_ctx, self.max_verify_rows - 1)
         costs = draft_costs.load_or_measure(key, self.max_verify_rows, self.max_draft,
                                             lambda: run(lambda: self.measure_costs(prompt)))

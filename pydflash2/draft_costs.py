@@ -18,7 +18,9 @@ from typing import Any
 
 # How the costs are measured (BatchEngine::measure_costs): a change makes older entries stale.
 # 3: the plain step timed in a run of plain decodes, as plain decoding runs; the lazy head of a row.
-_METHOD = "3"
+# 4: every size timed alike, as the second of two decodes of its size; the capture path in the key
+# (the taps no longer switched off for a plain step: issue 57).
+_METHOD = "4"
 
 # Any text will do: costs depend on lengths, not on words.
 _WARMUP_TEXT = "The quick brown fox jumps over the lazy dog while the target model verifies a drafted block. " * 4
@@ -34,9 +36,9 @@ def _file_id(path: str | os.PathLike[str]) -> str:
 
 
 def cost_key(model_path: str, draft_path: str, device: str, n_threads: int, max_draft: int,
-             lazy_head: bool = False, max_verify_rows: int | None = None) -> str:
+             lazy_head: bool = False, max_verify_rows: int | None = None, capture: str | None = None) -> str:
     """What the costs depend on: both files, the drafter's device, threads, draft length, whether
-    the verify runs the LM head lazily (Speculator), and the machine."""
+    the verify runs the LM head lazily (Speculator), how the features are captured, and the machine."""
     parts = [
         _METHOD,
         _file_id(model_path),
@@ -52,6 +54,8 @@ def cost_key(model_path: str, draft_path: str, device: str, n_threads: int, max_
         parts.append("lazy-head")
     if max_verify_rows is not None and max_verify_rows != max_draft + 1:
         parts.append(f"verify-rows-{max_verify_rows}")  # an automatic tree's larger verifies
+    if capture:
+        parts.append(f"capture-{capture}")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 

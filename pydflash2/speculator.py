@@ -214,7 +214,8 @@ class Speculator:
                 model_path=self.llm.model_path, draft_path=self.draft_path or "",
                 device=self.drafter.device if self.drafter is not None else "CPU",
                 n_threads=self.llm.context_params.n_threads, lazy_head=self.lazy_head,
-                tokenize=lambda b: self.llm.tokenize(b, add_bos=True, special=False), n_ctx=self.llm.n_ctx())
+                tokenize=lambda b: self.llm.tokenize(b, add_bos=True, special=False), n_ctx=self.llm.n_ctx(),
+                capture=self.capture_path)
 
     def close(self) -> None:
         """Frees the engine and drafter and returns the target context to plain

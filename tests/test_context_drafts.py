@@ -16,6 +16,10 @@ All on the hot-token tiny target with a random DFlash2 drafter.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+from collections.abc import Iterator
+
 import llama_cpp
 import numpy as np
 import pytest
@@ -414,6 +418,63 @@ def test_auto_decodes_plainly_where_drafts_lose_to_the_plain_step(hot_pair, llm,
     assert drafting >= 5 and unfed == 0  # drafting looks cheap against the one-row verify
     n, drafting, unfed = steps[0.0003]
     assert drafting <= 2 and unfed >= n - drafting - 1  # plain (probes aside), without the features
+
+
+@contextlib.contextmanager
+def llama_log_lines(substring: str) -> Iterator[list[str]]:
+    """The llama.cpp log lines containing substring, logged inside the block (then logs go quiet again)."""
+    from llama_cpp import llama_cpp as lc
+
+    seen: list[str] = []
+
+    @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+    def keep(level: int, text: bytes, user_data: int) -> None:
+        line = text.decode(errors="replace")
+        if substring in line:
+            seen.append(line)
+
+    lc.llama_log_set(keep, ctypes.c_void_p(0))
+    try:
+        yield seen
+    finally:
+        lc.llama_log_set(_QUIET, ctypes.c_void_p(0))
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+def _QUIET(level: int, text: bytes, user_data: int) -> None:  # noqa: N802  (a C callback, kept alive here)
+    return None
+
+
+def test_plain_steps_that_starve_the_drafter_keep_the_taps(hot_pair, llm, exact) -> None:
+    """The speculation tax (issue 57): every llama_set_embeddings_layer_inp call makes llama.cpp reserve
+    its scheduler again before the next decode (a worst-case graph built, every cached graph dropped).
+    The engine turned the taps off for each plain step that starves the drafter and on for the next
+    verify, so every such verify paid a reserve: 1.4x a plain step on SmolLM2 (2 threads). The taps now
+    stay set through a request and through measure_costs, which alternates the two kinds of decode;
+    the unfed steps still skip the drafter's features, and the tokens stay plain greedy's."""
+    ids = _ids(llm, REPEATING[0])
+    want = plain_greedy(llm, ids, N_TOKENS)
+    with Speculator(llm, str(hot_pair[1]), n_max="auto") as spec:
+        assert spec.capture_path == "tap"
+        verify = [0.00262] + [0.0027] * (spec.max_verify_rows - 1)
+        # warm: the request's first claim of the taps (one reserve a request, at its prompt)
+        spec.set_costs(verify, [0.00038] * spec.max_draft, 0.0003)  # plain steps starve the drafter
+        spec.generate(ids, max_tokens=4)
+        with llama_log_lines("sched_reserve: reserving ...") as reserves:
+            costs = spec.measure_costs(ids, reps=3)  # a starved plain decode, then verifies, each rep
+            spec.set_costs(verify, [0.00038] * spec.max_draft, 0.0003)
+            probes0 = spec.engine_stats()["unfed_steps"]
+            out = spec.generate(ids, max_tokens=N_TOKENS)
+        stats = spec.engine_stats()
+    check_greedy(out.tokens, want, exact=exact, delta=DELTA_TINY, what="starved plain steps")
+    unfed = stats["unfed_steps"] - probes0
+    fed_one = stats["fed_decodes_by_rows"][0] if stats["fed_decodes_by_rows"] else 0
+    print(f"reserves {len(reserves)}, unfed steps {unfed}, steps {out.stats['n_steps']}, costs plain "
+          f"{costs['plain_s']:.2e} verify1 {costs['verify_s'][0]:.2e}, fed one-row decodes {fed_one}")
+    assert unfed > 0  # the drafter was starved...
+    assert stats["decodes_by_rows"][0] > fed_one  # ...on the decodes counted as unfed
+    # measure_costs' 3 reps and the request: at most the request's claim (the taps set to what they were)
+    assert len(reserves) <= 2, reserves
 
 
 def test_learned_costs_follow_what_the_steps_take(hot_pair, llm, exact) -> None:

@@ -201,6 +201,7 @@ void BatchEngine::decode_batch(bool prefill, bool lazy_head) {
         llama_set_n_threads(ctx_.ctx, nt, nt);
     }
     int32_t rc = 0;
+    const auto t0 = std::chrono::steady_clock::now();
     {
         const StepLedger::Scope decode(stats_.ledger(), prefill ? Part::Prefill : Part::Decode);
         rc = llama_decode(ctx_.ctx, batch_);
@@ -209,6 +210,11 @@ void BatchEngine::decode_batch(bool prefill, bool lazy_head) {
         // a GPU's decode returns once launched: the wait for the device is its own part
         const StepLedger::Scope sync(stats_.ledger(), prefill ? Part::Prefill : Part::Sync);
         llama_synchronize(ctx_.ctx);
+        if (!prefill) {
+            stats_.timed_decode(batch_.n_tokens,
+                                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                                feed_drafters_ && target_.feeding());
+        }
     }
     if (swap_threads) {
         llama_set_n_threads(ctx_.ctx, nt, ntb);

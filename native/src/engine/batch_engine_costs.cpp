@@ -42,43 +42,40 @@ void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify
     const BatchStats saved = stats_.save();  // measuring is no request's work
     std::vector<std::vector<double>> vt(static_cast<size_t>(max_b)), dt(static_cast<size_t>(max_draft_));
     std::vector<double> pt, ht;
-    for (int r = 0; r < reps; ++r) {
-        if (feed_drafters_) {  // the plain step without the drafter's features
-            // timed in a run of plain decodes, as plain decoding runs (its graph reused, no drafter
-            // in between): timed alone it cost 10.5 ms against 7-8.6 ms in use (SmolLM2, 2
-            // threads), the stand-in's 0.66 ms against 0.52 after one plain decode before it
-            feed_rows_ = false;
-            double fastest = 0.0;
-            for (int k = 0; k < 4; ++k) {
-                batch_.n_tokens = 0;
-                add_row(s.seq.anchor, s.seq.pos, slot, true);
-                const auto t0 = Clock::now();
-                decode_batch(false, false);
-                (void) row_logits(0);
-                const double t = seconds_since(t0);
-                if (k > 0 && (fastest == 0.0 || t < fastest)) fastest = t;
-                llama_memory_seq_rm(mem, slot, s.seq.pos, -1);
-            }
-            pt.push_back(fastest);
-            feed_rows_ = true;
-        }
-        // interleave the sizes so that machine noise spreads evenly over them
-        for (int b = 1; b <= max_b; ++b) {
+    // One way of timing for every price: a size's decode is timed as the second of two in a row of
+    // that size, the way consecutive steps of one shape run (llama.cpp reuses the graph of the
+    // decode before), and priced at the median over the reps; the sizes take turns within each rep
+    // so that machine noise spreads over them alike. (Timed cold, after a decode of another size,
+    // the plain step cost 10.5 ms against 7-8.6 ms in use: SmolLM2, 2 threads.)
+    auto timed_decode = [&](int b, bool lazy) {
+        double t = 0.0;
+        for (int k = 0; k < 2; ++k) {
             batch_.n_tokens = 0;
             for (int j = 0; j < b; ++j) {
                 add_row(s.seq.anchor, s.seq.pos + j, slot, true);
             }
             // as a verify runs it: with a lazy head, the decode plus the head of its first row
             const auto t0 = Clock::now();
-            decode_batch(false, /*lazy_head =*/b > 1);
+            decode_batch(false, lazy);
             (void) row_logits(0);
-            vt[static_cast<size_t>(b - 1)].push_back(seconds_since(t0));
-            if (b > 1 && target_.last_decode_lazy()) {  // one more row read: the head's product
+            t = seconds_since(t0);
+            if (k == 1 && lazy && target_.last_decode_lazy()) {  // one more row read: the head's product
                 const auto t1 = Clock::now();
                 (void) row_logits(1);
                 ht.push_back(seconds_since(t1));
             }
             llama_memory_seq_rm(mem, slot, s.seq.pos, -1);
+        }
+        return t;
+    };
+    for (int r = 0; r < reps; ++r) {
+        if (feed_drafters_) {  // the plain step: one row whose features the drafter goes without
+            feed_rows_ = false;
+            pt.push_back(timed_decode(1, false));
+            feed_rows_ = true;
+        }
+        for (int b = 1; b <= max_b; ++b) {
+            vt[static_cast<size_t>(b - 1)].push_back(timed_decode(b, /*lazy =*/b > 1));
         }
         for (int n = 1; n <= max_draft_; ++n) {
             const auto t0 = Clock::now();

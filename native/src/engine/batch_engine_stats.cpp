@@ -143,6 +143,17 @@ std::string BatchEngine::stats_json() const {
     w.field("plain_s", seen.plain);
     w.field("verify_scale", seen.verify_scale);
     w.end_object();
+    // the verify and plain decodes by rows as they ran (engine_stats.h): counts and seconds
+    const BatchStats & e = stats_.engine();
+    auto array = [&w](const char * key, const auto & v) {
+        w.key(key).begin_array();
+        for (const auto x : v) w.value(x);
+        w.end_array();
+    };
+    array("decodes_by_rows", e.decodes_by_rows);
+    array("decode_s_by_rows", e.decode_s_by_rows);
+    array("fed_decodes_by_rows", e.fed_decodes_by_rows);
+    array("fed_decode_s_by_rows", e.fed_decode_s_by_rows);
     write_ledger(w);
     w.field("drafter_graph_builds", stats_.engine().n_graph_builds);
     w.key("accepted_per_position").begin_array();

@@ -14,6 +14,20 @@ void StatsRecorder::start(SlotStats & st, int64_t n_prompt, int64_t n_reused, in
     stats_.n_prompt_reused += n_reused;
 }
 
+void StatsRecorder::timed_decode(int rows, double seconds, bool fed) {
+    const size_t i = static_cast<size_t>(std::max(rows, 1) - 1);
+    auto add = [&](std::vector<int64_t> & n, std::vector<double> & s) {
+        if (n.size() <= i) {
+            n.resize(i + 1, 0);
+            s.resize(i + 1, 0.0);
+        }
+        n[i] += 1;
+        s[i] += seconds;
+    };
+    add(stats_.decodes_by_rows, stats_.decode_s_by_rows);
+    if (fed) add(stats_.fed_decodes_by_rows, stats_.fed_decode_s_by_rows);
+}
+
 void StatsRecorder::committed(SlotStats & st, int n, bool verify) {
     stats_.n_generated += n;
     st.n_generated += n;

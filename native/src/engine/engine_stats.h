@@ -41,6 +41,11 @@ struct BatchStats {
     std::vector<int64_t> accepted_per_pos;  // accepted at block position (tree depth) 1..step width
     int64_t n_context_steps = 0, n_propose_skipped = 0;  // as SlotStats
     int64_t n_unfed_steps = 0;  // plain decodes that skipped the drafter's features (StepCosts::starve_plain)
+    // The verify and plain decodes by their rows (index rows - 1, filler rows included): how many, and
+    // their seconds (decode and sync): the steps as they ran, against which the cost model's
+    // measured table is checked (benchmarks/speculation_tax.py). fed: ... of which fed the drafter.
+    std::vector<int64_t> decodes_by_rows, fed_decodes_by_rows;
+    std::vector<double> decode_s_by_rows, fed_decode_s_by_rows;
     StepLedger ledger;  // where the steps' time went (step_ledger.h)
     int64_t n_graph_builds = 0;
 };
@@ -60,6 +65,8 @@ class StatsRecorder {
         stats_.n_steps += 1;
         stats_.n_rows += rows;
     }
+    // a verify or plain decode of `rows` rows took `seconds`; fed: its rows went to the drafter
+    void timed_decode(int rows, double seconds, bool fed);
     void filler_rows(int n) { stats_.n_filler_rows += n; }
     void unfed_step() { stats_.n_unfed_steps += 1; }
     void prefilled(int rows) { stats_.n_prompt += rows; }

@@ -67,12 +67,13 @@ void TargetRunner::release() {
     }
 }
 
-void TargetRunner::set_feeding(bool on) {
-    if (on == feeding_) return;
-    feeding_ = on;
-    if (path_ != CapturePath::Tap) return;  // the callback is armed per decode (BatchEngine::decode_batch)
-    for (const int32_t lid : layers_) llama_set_embeddings_layer_inp(ctx_, static_cast<uint32_t>(lid), on);
-}
+// The taps stay set: every llama_set_embeddings_layer_inp call makes llama.cpp reserve its scheduler
+// again before the next decode (a worst-case graph built and allocated, every cached graph dropped).
+// Turning them off for a starved plain step and on for the next verify cost that verify 1.4x a plain
+// step (SmolLM2, 2 threads); with them set, a plain step's extra is one copy of its feature rows.
+// The flag only says whether the engine hands the rows to the drafter (BatchEngine::queue_rows);
+// the callback is armed per decode from it (BatchEngine::decode_batch).
+void TargetRunner::set_feeding(bool on) { feeding_ = on; }
 
 void TargetRunner::claim() {
     feeding_ = true;

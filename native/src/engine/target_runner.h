@@ -58,8 +58,9 @@ class TargetRunner {
     int32_t feature_width() const { return static_cast<int32_t>(layers_.size()) * n_embd_; }
 
     void claim();    // make the context capture exactly this runner's layers (before each request)
-    // Whether the next decodes capture features (taps set, or the callback armed): a plain step
-    // whose rows the drafter need not see skips the copies a GPU pays for them.
+    // Whether the next decodes' rows go to the drafter: a plain step whose rows the drafter need
+    // not see skips our copy of them (and, on the callback path, the capture's). The taps stay
+    // set either way (target_runner.cpp says why).
     void set_feeding(bool on);
     bool feeding() const { return feeding_; }
     void release();  // stop capturing layer inputs (call while the context is alive)
