@@ -22,7 +22,10 @@ offloaded (`n_gpu_layers` 99 where llama.cpp supports GPU offload, else 0) and t
 (g) the lazy head's share (issue 46, item 2): --full-head-configs (default plain and auto) also run at
     T=0 on a second target context made without the lazy head (`load_target(lazy_head=False)`: every
     row's logits in the graph, no evaluation callback cutting it, no head product per row read), named
-    "<configuration>, full head" in (a), (c) and (d), with that context's verify curve in (b).
+    "<configuration>, full head" in (a), (c) and (d), with that context's verify curve in (b);
+(h) the speculation tax (issue 57): the plain step and the one-row verify with the drafter's features on
+    each capture path (llama.cpp's taps, pydflash2's evaluation callback), from measure_costs; with
+    GGML_CUDA_DISABLE_GRAPHS=1 set (gpu_check.sh's second run) the same with CUDA graphs off.
 
     python benchmarks/gpu_check.py [--max-tokens 128] [--n-prompts 0] [--json OUT] [--server]
 
@@ -203,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     from pydflash2 import devices
     from pydflash2.cpu_threads import default_threads
     from pydflash2.models import default_drafter, default_target
-    from pydflash2.speculator import load_target
+    from pydflash2.speculator import Speculator, load_target
 
     t_start = time.time()
     model = args.model or str(default_target())
@@ -253,6 +256,23 @@ def main(argv: list[str] | None = None) -> int:
     if full_specs:
         report["costs_full_head"] = widest(list(full_specs.values())).measure_costs(first[:256], reps=args.cost_reps)
         print_costs(report["costs_full_head"], f"full head (no lazy head), {settings}")
+
+    # (h) the speculation tax (issue 57) on each capture path: the one-row verify with the drafter's
+    # features over the plain step, from the same timing (both in the table measure_costs makes);
+    # under GGML_CUDA_DISABLE_GRAPHS=1 (gpu_check.sh's second run) with CUDA graphs off
+    graphs = "off" if os.environ.get("GGML_CUDA_DISABLE_GRAPHS") else "on"
+    report["tax"] = {}
+    print(f"\nthe one-row tax, CUDA graphs {graphs} ({settings}, medians of {args.cost_reps})")
+    print("| capture | plain step ms | verify 1 row ms | 1 row / plain | verify 8 rows ms | 8 rows / plain |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for capture in ("tap", "callback"):
+        spec = Speculator(llm, draft, n_max=7, capture=capture, device=args.device)
+        c = spec.measure_costs(first[:256], reps=args.cost_reps)
+        spec.close()
+        v, p = c["verify_s"], c["plain_s"]
+        report["tax"][capture] = {"cuda_graphs": graphs, "plain_s": p, "verify_s": v, "one_row_tax": v[0] / p}
+        print(f"| {capture} | {1e3 * p:.3f} | {1e3 * v[0]:.3f} | {v[0] / p:.3f} | {1e3 * v[-1]:.3f} "
+              f"| {v[-1] / p:.2f} |")
 
     # (a), (c): interleaved prompt by prompt; plain runs in every set (the baseline)
     runs = [(s, 0.0, names) for s in sets] + ([(s, 1.0, t1_names) for s in sets] if t1_names else [])

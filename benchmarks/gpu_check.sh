@@ -22,7 +22,8 @@
 # call1 waits for the build up to WAIT seconds (default 330; the CUDA build took 281 s on 16 cores);
 # the last call2 waits for whatever is left of it, then runs gpu_check.py under BENCH_S seconds (default
 # 300) with GPU_CHECK_ARGS (default: the full sizes). Results come back in $OUT: gpu_check.json,
-# gpu_check.log, env.txt and the build log; then the same pair with CUDA graph capture off
+# gpu_check.log, env.txt and the build log (gpu_check.py's (h): the one-row tax on both capture paths);
+# then the same pair with CUDA graph capture off (the tax again, with graphs off)
 # (GGML_CUDA_DISABLE_GRAPHS=1, chain 7, merged 16 and auto, 64 tokens, under NOGRAPHS_S = 90 s) in
 # gpu_check_nographs.json and .log. Then give_back.
 #
@@ -225,7 +226,7 @@ call2() {
         (cd /tmp && GGML_CUDA_DISABLE_GRAPHS=1 timeout "${NOGRAPHS_S:-90}" $PY "$W/proj/benchmarks/gpu_check.py" \
             --model "$W/smollm2.gguf" --json "$OUT/gpu_check_nographs.json" \
             ${NOGRAPHS_ARGS:---configs "chain 7,merged tree 16,auto" --t1-configs "" --full-head-configs "" --max-tokens 64 --n-prompts 8 --cost-reps 3}) \
-            2>&1 | tee "$OUT/gpu_check_nographs.log" | grep -E "^\||^agentic|^chat|x plain|GGML_CUDA"
+            2>&1 | tee "$OUT/gpu_check_nographs.log" | grep -E "^\||^agentic|^chat|x plain|GGML_CUDA|one-row tax"
     fi
     nvidia-smi --query-gpu=name,clocks.sm,utilization.gpu,memory.used --format=csv 2>/dev/null
     return $s

@@ -17,6 +17,10 @@ Prints per set and temperature: tau, median tokens/s, both as ratios to plain me
 run, acceptance per depth, and the nodes drafted and accepted by source.
 
     python benchmarks/hybrid_drafts.py --threads 2 --max-tokens 128 [--n-prompts 24] [--temperatures 0,1]
+
+--f32: the default target (or --model) requantized to F32 (pydflash2_testing.f32_target, made once and
+cached), with the shipped drafter: a bandwidth-bound stand-in for a fast device (a verify of 8 rows
+costs about 1.8 plain steps on a 2-core CPU, as on a GPU; the Q4_1 original about 4).
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None)
     ap.add_argument("--draft", default=None)
+    ap.add_argument("--f32", action="store_true", help="the target requantized to F32 (above)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--n-prompts", type=int, default=24, help="per set (0: all)")
@@ -110,6 +115,11 @@ def main() -> int:
     from pydflash2.speculator import Speculator, load_target
 
     model = args.model or str(default_target())
+    if args.f32:
+        import _repo  # noqa: F401  (tests/support on sys.path: the fixture makers)
+        from pydflash2_testing import f32_target
+
+        model = str(f32_target(model))
     draft = args.draft or str(default_drafter())
     llm, inv = load_target(model, n_ctx=args.n_ctx, n_threads=args.threads, tree_budget=16, context_drafts="request")
     make = {name: (lambda name=name: make_speculator(llm, draft, name)) for name in CONFIGS}

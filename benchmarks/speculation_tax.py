@@ -62,7 +62,8 @@ def main() -> int:
     from pydflash2.models import default_drafter, default_target
     from pydflash2.speculator import Speculator, load_target
 
-    model = str(testing.f32_target() if args.f32 else (args.model or default_target()))
+    model = str(args.model or default_target())
+    model = str(testing.f32_target(model)) if args.f32 else model
     draft = args.draft or str(default_drafter())
     llm, _ = load_target(model, n_ctx=args.n_ctx, n_threads=args.threads, tree_budget=16, context_drafts="request")
     print(f"model {Path(model).name}, drafter {Path(draft).name}, --threads {args.threads}, "

@@ -18,6 +18,10 @@ add up to the step when it is 1.00). Each configuration first runs one warm-up r
 tokenizer (49,152 tokens) and 2 narrow layers (n_embd 64), whose plain step takes a millisecond or
 two on 2 threads, and a random DFlash2 drafter for it: host work then weighs as on a GPU, where the
 target's decode is short. (Its drafts are random: the ledger, not tau, is what it shows.)
+
+--f32 runs the default target (or --model) requantized to F32 (pydflash2_testing.f32_target, made
+once and cached) with the shipped drafter: a bandwidth-bound stand-in for a fast device, whose verify
+of 8 rows costs about 1.8 plain steps on this CPU (a GPU's flat verify curve) with real drafts.
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ def main() -> int:
     ap.add_argument("--configs", default="plain,chain 7,tree 16,context alone,merged 16,auto")
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--stand-in", action="store_true", help="a narrow target with SmolLM2's vocabulary (above)")
+    ap.add_argument("--f32", action="store_true", help="the default target requantized to F32 (below)")
     ap.add_argument("--no-warmup", action="store_true",
                     help="count each configuration's first request (its graph builds and first allocations)")
     args = ap.parse_args()
@@ -106,6 +111,10 @@ def main() -> int:
     draft = args.draft or str(default_drafter())
     if args.stand_in:
         model, draft = stand_in(model)
+    if args.f32:
+        from pydflash2_testing import f32_target
+
+        model = str(f32_target(model))
     llm, _ = load_target(model, n_ctx=args.n_ctx, n_threads=args.threads, tree_budget=16, context_drafts="request")
     # this script's short names for hybrid_drafts.CONFIGS
     configs = {"plain": "plain", "chain 7": "chain 7", "tree 16": "lattice tree 16", "context alone": "context alone",

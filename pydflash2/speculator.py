@@ -477,6 +477,7 @@ class Speculator:
             tree_budget="auto" if self.tree_auto else self.tree_budget,
             tree_auto=e.get("tree_auto"),  # the automatic budget's model (engine-wide), else None
             context_drafts=self.context_drafts,
+            capture_path=self.capture_path,  # how the drafter's features are read (None: no drafter)
             n_max_mean=float(np.dot(np.arange(len(hist)), hist) / max(1, sum(hist))),
             completion_tokens=n_tokens,
             ttft_s=ttft,

@@ -156,7 +156,7 @@ def test_generate_into_a_closed_pipe_exits_quietly(tmp_path, target_gguf, drafte
 def test_info_tells_whether_a_drafter_fits_a_target(tmp_path, target_gguf, drafter2_gguf) -> None:
     r = _run("info", str(drafter2_gguf), "--target", str(target_gguf), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[-1] == f"fits {target_gguf}"
+    assert r.stdout.splitlines()[-2:] == [f"fits {target_gguf}", "capture: tap (llama.cpp's layer-input taps)"]
     other = testing.make_target_gguf(tmp_path / "other.gguf", testing.TargetSpec(n_embd=128, n_layer=2, n_merges=100))
     r = _run("info", str(drafter2_gguf), "--target", str(other), cwd=tmp_path)
     assert r.returncode == 1, r.stderr
@@ -168,6 +168,7 @@ def test_info_tells_whether_a_drafter_fits_a_target(tmp_path, target_gguf, draft
     assert j.returncode == 1
     fit = json.loads(j.stdout)["fit"]
     assert fit["fits"] is False and fit["problems"] == [line.split(": ", 1)[1] for line in misfits]
+    assert fit["capture_path"] == "tap"  # a llama target (pydflash2.capture: "callback" on qwen2, gemma3...)
 
 
 def test_bench_writes_json_plots_and_ratios(tmp_path, target_gguf, drafter2_gguf) -> None:

@@ -70,6 +70,11 @@ def test_gpu_check_report(report: dict) -> None:
         assert d["config"] != "plain" and 0 <= d["index"] <= 8
         assert d["gap"] is None or d["gap"] >= 0
     assert report["upstream"] is None  # (e) no upstream binary here: skipped
+    # (h) the one-row tax on both capture paths, CUDA graphs as this process has them (no CUDA: "on")
+    assert set(report["tax"]) == {"tap", "callback"}
+    for capture, tax in report["tax"].items():
+        assert tax["plain_s"] > 0 and len(tax["verify_s"]) == 8, capture
+        assert tax["one_row_tax"] == pytest.approx(tax["verify_s"][0] / tax["plain_s"])
 
 
 def test_divergence_gap_on_the_real_target(target_gguf: Path) -> None:

@@ -287,6 +287,22 @@ def test_stats_are_reported(models, llm) -> None:
     assert len(s["drafted_per_position"]) == 3
     assert s["tau"] == pytest.approx((len(out.tokens) - 1) / s["n_steps"])
     assert all(a <= d for a, d in zip(s["accepted_per_position"], s["drafted_per_position"], strict=True))
+    assert s["capture_path"] == "tap"  # a llama target: llama.cpp's layer-input taps
+
+
+def test_engine_stats_time_the_decodes_by_rows(models, llm) -> None:
+    """The verify and plain decodes as they ran, by rows (what benchmarks/speculation_tax.py holds the
+    cost model's table against): one count per decode after the prompt, its rows, its seconds; with a
+    drafter fed by every step, all of them fed."""
+    with Speculator(llm, models["v2"], n_max=3) as spec:
+        out = spec.generate("Once upon a time", max_tokens=24, chat=False)
+        e = spec.engine_stats()
+    counts, seconds = e["decodes_by_rows"], e["decode_s_by_rows"]
+    assert sum(counts) == out.stats["n_steps"] > 0  # one request: every decode after its prompt
+    assert sum((i + 1) * n for i, n in enumerate(counts)) == out.stats["phases"]["rows"] - out.stats["n_prompt"]
+    assert counts[3] > 0  # 3 drafts and the anchor
+    assert all((n > 0) == (t > 0) for n, t in zip(counts, seconds, strict=True))
+    assert e["fed_decodes_by_rows"] == counts and e["fed_decode_s_by_rows"] == seconds
 
 
 # the step ledger's parts (native step_ledger.h), and the Python side

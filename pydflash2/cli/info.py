@@ -9,6 +9,8 @@ import json
 from .common import CliError
 
 NAME = "info"
+# how the drafter's features are read from a target (pydflash2.capture), in words
+CAPTURE_WORDS = {"tap": "llama.cpp's layer-input taps", "callback": "pydflash2's graph evaluation callback"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,8 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _fit(target: str, hp: dict) -> tuple[list[str], list[str]]:
-    """(problems, warnings) of the drafter hp (inspect_drafter's numbers) on target."""
+def _fit(target: str, hp: dict) -> tuple[list[str], list[str], str]:
+    """(problems, warnings, capture path) of the drafter hp (inspect_drafter's numbers) on target; the
+    capture path is how a Speculator reads the drafter's features from it (pydflash2.capture)."""
+    from ..capture import capture_path
     from ..models import resolve_target
     from ..ollama.modelfile import ModelfileError, read_target
 
@@ -32,7 +36,8 @@ def _fit(target: str, hp: dict) -> tuple[list[str], list[str]]:
         if not path.is_file():
             raise CliError(f"--target: {path} does not exist" if not path.exists() else f"--target: {path} is "
                            "not a file")
-        return read_target(path).fit(path, hp)
+        facts = read_target(path)
+        return (*facts.fit(path, hp), capture_path(facts.arch))
     except (FileNotFoundError, ModelfileError) as e:
         raise CliError(f"--target: {e}") from None
 
@@ -63,10 +68,11 @@ def run(args: argparse.Namespace) -> int:
         hp = inspect_drafter(args.file)
     except DrafterFileError as e:
         raise CliError(f"{args.file}: {e}") from None
-    problems, notes = _fit(args.target, hp) if args.target is not None else ([], [])
+    problems, notes, capture = _fit(args.target, hp) if args.target is not None else ([], [], "")
     status = 1 if problems else 0
     if args.json:
-        fit = {"fit": {"target": args.target, "fits": not problems, "problems": problems, "warnings": notes}}
+        fit = {"fit": {"target": args.target, "fits": not problems, "problems": problems, "warnings": notes,
+                       "capture_path": capture}}
         print(json.dumps({**hp, **fit} if args.target is not None else hp, indent=2))
         return status
     kind = "DFlash2" if hp["version"] == 2 else "DFlash"
@@ -81,4 +87,5 @@ def run(args: argparse.Namespace) -> int:
             print(f"warning: {line}")
         if not problems:
             print(f"fits {args.target}")
+        print(f"capture: {capture} ({CAPTURE_WORDS[capture]})")
     return status

@@ -47,6 +47,7 @@ class TargetFacts:
     chat_template: str | None
     bos_token: str
     eos_token: str
+    arch: str = ""  # general.architecture
 
     def fit(self, path: Path, hp: dict) -> tuple[list[str], list[str]]:
         """Whether the drafter whose numbers hp holds (inspect_drafter's) fits this target
@@ -116,6 +117,7 @@ def read_target(path: Path) -> TargetFacts:
             chat_template=template.decode("utf-8") if template else None,
             bos_token=text(model.token_bos()),
             eos_token=text(model.token_eos()),
+            arch=arch,
         )
     finally:
         model.close()

@@ -14,6 +14,7 @@ Nothing here is a mock: every file is a real GGUF or safetensors file.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import re
 from collections import Counter
@@ -496,6 +497,37 @@ def make_random_drafter_for(target_gguf: str | Path, out_gguf: str | Path, spec:
     with tempfile.TemporaryDirectory() as d:
         ckpt = make_drafter_checkpoint(d, target_gguf, spec, dtype="f32")
         return checkpoint_to_gguf(ckpt, target_gguf, out_gguf, matrix_dtype="f16")
+
+
+def f32_target(source: str | Path | None = None, out: str | Path | None = None) -> Path:
+    """A bandwidth-bound stand-in for a fast device (issue 57): the default target (or `source`)
+    requantized to F32 by llama.cpp (540 MB for SmolLM2-135M, about 2 s), made once under
+    $PYDFLASH2_CACHE_DIR (default ~/.cache/pydflash2)/f32 unless `out` names the file. Reading its
+    weights, not the arithmetic, bounds a decode on a CPU, so a verify of 8 rows costs about 1.8 plain
+    steps (the Q4_1 original: about 4), the flat verify curve of a GPU; the shipped drafter fits it."""
+    import os
+
+    import llama_cpp
+
+    src = Path(source) if source is not None else default_target()
+    if out is None:
+        cache = Path(os.environ.get("PYDFLASH2_CACHE_DIR", Path.home() / ".cache" / "pydflash2")) / "f32"
+        out = cache / (src.stem.split(".")[0] + ".F32.gguf")
+    out = Path(out)
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_ALL_F32
+    params.allow_requantize = True
+    params.nthread = os.cpu_count() or 1
+    tmp = out.with_suffix(".tmp")
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
+    if rc != 0:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"llama_model_quantize({src} -> F32) failed with {rc}")
+    tmp.replace(out)
+    return out
 
 
 def write_demo_files(out_dir: str | Path, target: str | Path | None = None) -> dict[str, Path]:
