@@ -31,6 +31,14 @@ class JsonWriter {
         return value(v);
     }
 
+    // a key and the array of a vector's values
+    template <typename T>
+    JsonWriter & array_field(const std::string & k, const std::vector<T> & v) {
+        key(k).begin_array();
+        for (const T & x : v) value(x);
+        return end_array();
+    }
+
     const std::string & str() const { return out_; }
 
   private:

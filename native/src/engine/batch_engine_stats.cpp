@@ -145,15 +145,10 @@ std::string BatchEngine::stats_json() const {
     w.end_object();
     // the verify and plain decodes by rows as they ran (engine_stats.h): counts and seconds
     const BatchStats & e = stats_.engine();
-    auto array = [&w](const char * key, const auto & v) {
-        w.key(key).begin_array();
-        for (const auto x : v) w.value(x);
-        w.end_array();
-    };
-    array("decodes_by_rows", e.decodes_by_rows);
-    array("decode_s_by_rows", e.decode_s_by_rows);
-    array("fed_decodes_by_rows", e.fed_decodes_by_rows);
-    array("fed_decode_s_by_rows", e.fed_decode_s_by_rows);
+    w.array_field("decodes_by_rows", e.decodes_by_rows);
+    w.array_field("decode_s_by_rows", e.decode_s_by_rows);
+    w.array_field("fed_decodes_by_rows", e.fed_decodes_by_rows);
+    w.array_field("fed_decode_s_by_rows", e.fed_decode_s_by_rows);
     write_ledger(w);
     w.field("drafter_graph_builds", stats_.engine().n_graph_builds);
     w.key("accepted_per_position").begin_array();
@@ -185,14 +180,9 @@ std::string BatchEngine::slot_stats_json(int slot) {
     const int64_t after_first = std::max<int64_t>(0, st.n_generated - 1);
     w.field("tau", st.n_steps > 0 ? static_cast<double>(after_first) / static_cast<double>(st.n_steps) : 0.0);
     w.field("max_draft", max_draft_);
-    auto array = [&](const char * name, const std::vector<int64_t> & v) {
-        w.key(name).begin_array();
-        for (const int64_t x : v) w.value(x);
-        w.end_array();
-    };
-    array("drafted_per_position", st.drafted);
-    array("accepted_per_position", st.accepted);
-    array("n_max_histogram", st.n_max_used);
+    w.array_field("drafted_per_position", st.drafted);
+    w.array_field("accepted_per_position", st.accepted);
+    w.array_field("n_max_histogram", st.n_max_used);
     w.field("n_tree_steps", st.n_tree_steps);
     SourceCounts lattice, context;
     for (const DraftSource * src : s.drafting.sources.all()) {
