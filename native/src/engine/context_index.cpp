@@ -249,6 +249,36 @@ class TrieBuilder {
     std::vector<int32_t> next_sibling_;
 };
 
+// A query's paths: the latest occurrences (at most max_occurrences) of its longest suffix that the
+// table holds (n_max down to min_ngram tokens; `hashes` its suffix hashes), merged into a trie of
+// what follows each, at most max_depth tokens. same(e, n): whether the n tokens ending at stream
+// position e equal the query's last n; token_at(e): the token at e; after(e): how many follow e (>= 1).
+template <typename Same, typename TokenAt, typename After>
+void propose_paths(const context_detail::NgramTable & table, const uint64_t * hashes, int n_max, int min_ngram,
+                   int max_occurrences, int max_depth, Same && same, TokenAt && token_at, After && after,
+                   ContextPaths & out) {
+    table.prefetch(hashes, n_max);
+    std::vector<int64_t> found;
+    found.reserve(static_cast<size_t>(std::min(max_occurrences, 64)));
+    for (int n = n_max; n >= min_ngram; --n) {
+        for (int64_t e = table.latest(n, hashes[n - 1]); e >= 0 && static_cast<int>(found.size()) < max_occurrences;
+             e = table.previous(n, e)) {
+            if (same(e, n)) {
+                found.push_back(e);
+            }
+        }
+        if (!found.empty()) {
+            out.match_length = n;
+            break;
+        }
+    }
+    const size_t depth = static_cast<size_t>(std::max(max_depth, 0));
+    TrieBuilder trie(out, std::min<size_t>(found.size() * depth, 4096));
+    for (const int64_t e : found) {
+        trie.add(std::min(after(e), depth), [&](size_t d) { return token_at(e + 1 + static_cast<int64_t>(d)); });
+    }
+}
+
 }  // namespace
 
 // ---- ContextIndex ----
@@ -296,28 +326,13 @@ void ContextIndex::propose(int max_depth, ContextPaths & out) const {
     // a suffix as long as the stream has no earlier occurrence
     const int longest = static_cast<int>(std::min(static_cast<size_t>(opts_.max_ngram), size - 1));
     const int n_max = context_detail::suffix_hashes(tokens_, size, longest, hashes);
-    table_.prefetch(hashes, n_max);
-    std::vector<int64_t> found;
-    found.reserve(static_cast<size_t>(std::min(opts_.max_occurrences, 64)));
-    for (int n = n_max; n >= opts_.min_ngram; --n) {
-        const llama_token * suffix = tokens_.data() + size - static_cast<size_t>(n);
-        for (int64_t e = table_.latest(n, hashes[n - 1]);
-             e >= 0 && static_cast<int>(found.size()) < opts_.max_occurrences; e = table_.previous(n, e)) {
-            if (std::equal(suffix, suffix + n, tokens_.data() + (e + 1 - n))) {
-                found.push_back(e);
-            }
-        }
-        if (!found.empty()) {
-            out.match_length = n;
-            break;
-        }
-    }
-    TrieBuilder trie(out, std::min<size_t>(found.size() * static_cast<size_t>(std::max(max_depth, 0)), 4096));
-    for (const int64_t e : found) {
-        const size_t after = size - 1 - static_cast<size_t>(e);  // >= 1: e has a token after it
-        const size_t len = std::min(after, static_cast<size_t>(std::max(max_depth, 0)));
-        trie.add(len, [&](size_t d) { return tokens_[static_cast<size_t>(e) + 1 + d]; });
-    }
+    const llama_token * query_end = tokens_.data() + size;
+    propose_paths(
+        table_, hashes, n_max, opts_.min_ngram, opts_.max_occurrences, max_depth,
+        [&](int64_t e, int n) { return std::equal(query_end - n, query_end, tokens_.data() + (e + 1 - n)); },
+        [&](int64_t i) { return tokens_[static_cast<size_t>(i)]; },
+        [&](int64_t e) { return size - 1 - static_cast<size_t>(e); },  // >= 1: e has a token after it
+        out);
 }
 
 // ---- ContextCache ----
@@ -398,32 +413,18 @@ void ContextCache::propose(const llama_token * query, size_t n_query, int max_de
     }
     uint64_t hashes[kMaxNgram];
     const int n_max = context_detail::suffix_hashes(query, n_query, opts_.index.max_ngram, hashes);
-    table_.prefetch(hashes, n_max);
-    std::vector<int64_t> found;
-    found.reserve(static_cast<size_t>(std::min(opts_.index.max_occurrences, 64)));
-    for (int n = n_max; n >= opts_.index.min_ngram; --n) {
-        const llama_token * suffix = query + n_query - static_cast<size_t>(n);
-        for (int64_t e = table_.latest(n, hashes[n - 1]);
-             e >= 0 && static_cast<int>(found.size()) < opts_.index.max_occurrences; e = table_.previous(n, e)) {
-            bool same = true;
-            for (int i = 0; i < n && same; ++i) {
-                same = token_at(e + 1 - n + i) == suffix[i];
+    const llama_token * query_end = query + n_query;
+    propose_paths(
+        table_, hashes, n_max, opts_.index.min_ngram, opts_.index.max_occurrences, max_depth,
+        [&](int64_t e, int n) {
+            for (int i = 0; i < n; ++i) {
+                if (token_at(e + 1 - n + i) != query_end[i - n]) return false;
             }
-            if (same) {
-                found.push_back(e);
-            }
-        }
-        if (!found.empty()) {
-            out.match_length = n;
-            break;
-        }
-    }
-    TrieBuilder trie(out, std::min<size_t>(found.size() * static_cast<size_t>(std::max(max_depth, 0)), 4096));
-    for (const int64_t e : found) {
-        const size_t after = static_cast<size_t>(document_of(e).end - 1 - e);  // >= 1 by construction
-        const size_t len = std::min(after, static_cast<size_t>(std::max(max_depth, 0)));
-        trie.add(len, [&](size_t d) { return token_at(e + 1 + static_cast<int64_t>(d)); });
-    }
+            return true;
+        },
+        [&](int64_t i) { return token_at(i); },
+        [&](int64_t e) { return static_cast<size_t>(document_of(e).end - 1 - e); },  // >= 1 by construction
+        out);
 }
 
 // ---- ContextCaches ----

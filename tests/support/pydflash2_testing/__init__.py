@@ -6,8 +6,9 @@
   from it.
 - make_drafter_checkpoint (from pydflash2.random_drafter): a random DFlash2 (or DFlash1) drafter for that
   target in the published Hugging Face layout (config.json + safetensors).
-- checkpoint_to_gguf: turns such a checkpoint into a dflash GGUF directly. It
-  is deliberately independent of pydflash2.convert so each can check the other.
+- checkpoint_to_gguf: turns such a checkpoint into a dflash GGUF directly, with
+  the converter's tensor names (one map: pydflash2.convert.mapping) but its own
+  metadata and writing, so that it and pydflash2.convert check each other.
 
 Nothing here is a mock: every file is a real GGUF or safetensors file.
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+from pydflash2.convert.mapping import gguf_name
 
 from pydflash2.models import default_target, resolve_target  # noqa: F401  (re-exported for tests and scripts)
 from pydflash2.random_drafter import (  # noqa: F401  (re-exported: the tests build their drafters with these)
@@ -337,40 +339,13 @@ def copy_tokenizer_metadata(target_gguf: str | Path, writer: gguf.GGUFWriter) ->
         writer.add_key_value(key, f.contents(), vtype, sub)
 
 
-_HF_TO_GGUF_LAYER = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-    "attention_conv.base_kernel": "attn_conv_base",
-    "attention_conv.kernel_projection.weight": "attn_conv_proj.weight",
-    "mlp_conv.base_kernel": "ffn_conv_base",
-    "mlp_conv.kernel_projection.weight": "ffn_conv_proj.weight",
-}
-_HF_TO_GGUF_GLOBAL = {
-    "fc.weight": "fc.weight",
-    "hidden_norm.weight": "enc.output_norm.weight",
-    "norm.weight": "output_norm.weight",
-    "candidate_selector.hidden_projection.weight": "selector_hidden.weight",
-    "candidate_selector.predecessor_codebook": "selector_predecessor.weight",
-    "candidate_selector.successor_codebook": "selector_successor.weight",
-}
-
-
 def gguf_tensor_name(hf_name: str) -> str:
-    m = re.fullmatch(r"layers\.(\d+)\.(.+)", hf_name)
-    if m and m.group(2) in _HF_TO_GGUF_LAYER:
-        return f"blk.{m.group(1)}.{_HF_TO_GGUF_LAYER[m.group(2)]}"
-    if hf_name in _HF_TO_GGUF_GLOBAL:
-        return _HF_TO_GGUF_GLOBAL[hf_name]
-    raise KeyError(f"unknown drafter tensor {hf_name!r}")
+    """The dflash GGUF name of a DFlash2 checkpoint tensor: the converter's one map
+    (pydflash2.convert.mapping); what checkpoint_to_gguf writes beside the names is its own."""
+    name = gguf_name(hf_name, n_layer=1 << 30, version=2)
+    if name is None:
+        raise KeyError(f"unknown drafter tensor {hf_name!r}")
+    return name
 
 
 def checkpoint_to_gguf(
