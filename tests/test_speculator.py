@@ -290,6 +290,31 @@ def test_stats_are_reported(models, llm) -> None:
     assert s["capture_path"] == "tap"  # a llama target: llama.cpp's layer-input taps
 
 
+def test_speculators_sharing_a_context_each_get_their_own_taps(models, llm, tmp_path) -> None:
+    """A request leaves the taps set when the same engine set them last (each set makes llama.cpp
+    reserve its scheduler), and sets them again when another engine on the context set them since:
+    two drafters tapping different layers, their requests interleaved, draft exactly as each alone."""
+    other = testing.checkpoint_to_gguf(
+        testing.make_drafter_checkpoint(tmp_path / "hf", models["target"],
+                                        testing.DrafterSpec(target_layer_ids=(1,), seed=5)),
+        models["target"], tmp_path / "other.gguf")
+    prompts = ["Once upon a time", "The answer is"]
+
+    def run(spec: Speculator, prompt: str) -> tuple[list[int], list[int]]:
+        out = spec.generate(prompt, max_tokens=16, chat=False)
+        return out.tokens, out.stats["accepted_per_position"]
+
+    with Speculator(llm, models["v2"], n_max=3) as a:
+        alone_a = [run(a, p) for p in prompts]
+    with Speculator(llm, str(other), n_max=3) as b:
+        alone_b = [run(b, p) for p in prompts]
+    with Speculator(llm, models["v2"], n_max=3) as a, Speculator(llm, str(other), n_max=3) as b:
+        for i, p in enumerate(prompts):
+            assert run(a, p) == alone_a[i], p
+            assert run(b, p) == alone_b[i], p
+            assert run(a, p) == alone_a[i], p  # after b: a's layers set again
+
+
 def test_engine_stats_time_the_decodes_by_rows(models, llm) -> None:
     """The verify and plain decodes as they ran, by rows (what benchmarks/speculation_tax.py holds the
     cost model's table against): one count per decode after the prompt, its rows, its seconds; with a

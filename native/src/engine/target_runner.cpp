@@ -6,9 +6,29 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 namespace pdf2 {
+
+namespace {
+
+// Which runner last set each context's taps (TargetRunner::claim): a runner that claims a context
+// whose taps it set last, and nobody has set since, sets nothing (every set costs a reserve: below).
+std::mutex claims_mutex;
+std::unordered_map<const llama_context *, const TargetRunner *> & tap_owners() {
+    static std::unordered_map<const llama_context *, const TargetRunner *> owners;
+    return owners;
+}
+
+void forget_owner(const llama_context * ctx, const TargetRunner * runner) {
+    const std::lock_guard<std::mutex> lock(claims_mutex);
+    const auto it = tap_owners().find(ctx);
+    if (it != tap_owners().end() && it->second == runner) tap_owners().erase(it);
+}
+
+}  // namespace
 
 std::string model_arch(const llama_model * model) {
     char buf[128] = {0};
@@ -55,9 +75,10 @@ TargetRunner::TargetRunner(llama_context * ctx, const std::vector<int32_t> & fea
 // The context may belong to the caller and be gone here (Python frees objects
 // in any order at exit), so it is not touched: release() turns the capture off
 // while the context is known to be alive.
-TargetRunner::~TargetRunner() = default;
+TargetRunner::~TargetRunner() { forget_owner(ctx_, this); }
 
 void TargetRunner::release() {
+    forget_owner(ctx_, this);
     if (path_ == CapturePath::Callback) {
         capture_->disarm();
         return;
@@ -81,7 +102,12 @@ void TargetRunner::claim() {
         return;  // this graph has no taps (asking it for one would abort); the callback is armed per decode
     }
     // Several engines may share one context (e.g. a benchmark interleaving
-    // configurations): set every tap to what this runner needs (none on the callback path).
+    // configurations): set every tap to what this runner needs (none on the callback path),
+    // unless this runner set them last (each request of a Speculator claims its context again).
+    const std::lock_guard<std::mutex> lock(claims_mutex);
+    const TargetRunner *& owner = tap_owners()[ctx_];
+    if (owner == this) return;
+    owner = this;
     const int32_t top = max_feature_layer(arch_, n_layer_, CapturePath::Tap);
     for (int32_t lid = 0; lid <= top; ++lid) {
         const bool want =
