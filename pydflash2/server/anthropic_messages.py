@@ -125,19 +125,22 @@ def _check_blocks(v: Any, allowed: tuple[str, ...]) -> Any:
 
 
 class Message(_Lenient):
-    role: Literal["user", "assistant"]
+    # "system": a turn Claude Code sends inside messages (Anthropic's API wants `system`): joined into the system prompt
+    role: Literal["user", "assistant", "system"]
     content: list[Block]  # a string: one text block
 
     @field_validator("content", mode="before")
     @classmethod
-    def _blocks(cls, v: Any) -> Any:
-        return _check_blocks(_as_blocks(v), allowed=("text", "tool_use", "tool_result", *IGNORED_BLOCKS))
+    def _blocks(cls, v: Any, info: ValidationInfo) -> Any:
+        allowed = ("text",) if info.data.get("role") == "system" else ("text", "tool_use", "tool_result",
+                                                                        *IGNORED_BLOCKS)
+        return _check_blocks(_as_blocks(v), allowed=allowed)
 
     @field_validator("content")
     @classmethod
     def _by_role(cls, blocks: list[Any], info: ValidationInfo) -> list[Any]:
         role = info.data.get("role")
-        wrong = "tool_result" if role == "assistant" else "tool_use"
+        wrong = "tool_result" if role == "assistant" else "tool_use"  # a system turn holds text blocks only
         for i, b in enumerate(blocks):
             if b.type == wrong:
                 raise PydanticCustomError("block_role", "block {i}: a '{wrong}' block cannot be in a {role} message",
@@ -209,9 +212,15 @@ class _Conversation(_Lenient):
     def chat_messages(self) -> list[dict[str, Any]]:
         """The conversation as chat-completions messages."""
         out: list[dict[str, Any]] = []
-        if self.system:
-            out.append({"role": "system", "content": schemas.PART_SEPARATOR.join(b.text for b in self.system)})
+        # the system prompt: `system`, then the text of each system turn in messages, in their order (one system
+        # turn first, the one place every chat template takes it)
+        system = [b.text for b in self.system or []]
+        system += [b.text for m in self.messages if m.role == "system" for b in m.content if isinstance(b, TextBlock)]
+        if system:
+            out.append({"role": "system", "content": schemas.PART_SEPARATOR.join(system)})
         for m in self.messages:
+            if m.role == "system":
+                continue
             if m.role == "assistant":
                 texts = [{"type": "text", "text": b.text} for b in m.content if isinstance(b, TextBlock)]
                 turn: dict[str, Any] = {"role": "assistant", "content": texts or None}
@@ -321,12 +330,8 @@ def usage(done: Finished) -> dict[str, Any]:
 
 
 def tool_input(arguments: str) -> dict[str, Any]:
-    """A call's arguments as tool_use's input; arguments cut off (max_tokens) or not an object: {}."""
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+    """A call's arguments as tool_use's input: cut off (max_tokens), what they hold so far; not an object: {}."""
+    return tools.partial_object(arguments)
 
 
 def _sse(kind: str, obj: dict[str, Any]) -> dict[str, str]:

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..sampling import check_param
@@ -92,6 +92,7 @@ class FunctionCallItem(_Lenient):
     call_id: str
     name: str = Field(..., min_length=1)
     arguments: str = "{}"
+    namespace: str | None = None  # a namespace tool's function: the conversation names the function
 
 
 class FunctionCallOutputItem(_Lenient):
@@ -121,6 +122,61 @@ class FunctionTool(_Lenient):
     strict: bool | None = None
 
 
+class NamespaceTool(_Lenient):
+    """Function tools grouped under a name (the openai SDK's NamespaceTool; Codex sends its multi-agent tools so):
+    flattened into its functions, and calls of them answered with `namespace` set."""
+
+    type: Literal["namespace"]
+    name: str = Field(..., min_length=1)
+    description: str | None = None
+    tools: list[FunctionTool] = Field(default_factory=list)
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _functions_only(cls, v: Any) -> Any:
+        return _check_tool_kinds(v, allowed=("function",))
+
+
+class HostedTool(_Lenient):
+    """A tool OpenAI runs itself (web search, file search, code interpreter, MCP, ...): left out of the prompt."""
+
+    type: str
+
+
+# OpenAI's hosted tools (and built-ins whose calls are items of their own, as local_shell's): not in the prompt,
+# listed in the x-pydflash2-ignored-tools header and the access log; dated variants (web_search_preview_2025_03_11) too
+HOSTED_TOOLS = ("web_search", "web_search_preview", "file_search", "code_interpreter", "computer_use_preview",
+                "computer_use", "computer", "image_generation", "local_shell", "shell", "apply_patch", "mcp",
+                "tool_search")
+IGNORED_TOOLS_HEADER = "x-pydflash2-ignored-tools"
+
+
+def is_hosted(kind: str) -> bool:
+    return kind in HOSTED_TOOLS or kind.split("_20")[0] in HOSTED_TOOLS
+
+
+def _tool_kind(v: Any) -> str | None:
+    kind = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+    if not isinstance(kind, str):
+        return None
+    return "hosted" if is_hosted(kind) else kind
+
+
+def _check_tool_kinds(v: Any, allowed: tuple[str, ...]) -> Any:
+    if isinstance(v, list):
+        for i, t in enumerate(v):
+            kind = t.get("type") if isinstance(t, dict) else None
+            if isinstance(kind, str) and _tool_kind(t) not in allowed:
+                raise PydanticCustomError("built_in_tool", "tool {i}: '{kind}' tools are not served: only function "
+                                                           "tools, namespaces of them and hosted tools (left out)",
+                                          {"i": i, "kind": kind})
+    return v
+
+
+Tool = Annotated[Annotated[FunctionTool, Tag("function")] | Annotated[NamespaceTool, Tag("namespace")]
+                 | Annotated[HostedTool, Tag("hosted")], Discriminator(_tool_kind)]
+
+
 class NamedFunction(_Lenient):
     type: Literal["function"]
     name: str
@@ -142,7 +198,7 @@ class ResponsesRequest(_Lenient):
     model: str | None = None
     input: list[Item] = Field(..., min_length=1)  # a string: one user message
     instructions: str | None = None
-    tools: list[FunctionTool] | None = None
+    tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool = True
     max_output_tokens: int | None = None
@@ -193,19 +249,17 @@ class ResponsesRequest(_Lenient):
 
     @field_validator("tools", mode="before")
     @classmethod
-    def _function_tools_only(cls, v: Any) -> Any:
-        if isinstance(v, list):
-            for i, t in enumerate(v):
-                kind = t.get("type") if isinstance(t, dict) else None
-                if isinstance(kind, str) and kind != "function":
-                    raise PydanticCustomError("built_in_tool", "tool {i}: built-in tool '{kind}' is not served: "
-                                                               "only function tools", {"i": i, "kind": kind})
-        return v
+    def _served_tools_only(cls, v: Any) -> Any:
+        return _check_tool_kinds(v, allowed=("function", "namespace", "hosted"))
 
     @field_validator("tool_choice", mode="before")
     @classmethod
     def _choice_kind(cls, v: Any) -> Any:
         if isinstance(v, dict) and isinstance(v.get("type"), str) and v["type"] != "function":
+            if is_hosted(v["type"]):
+                raise PydanticCustomError("hosted_tool", "'{kind}' forces a hosted tool, which this server does not "
+                                                         "run (hosted tools are left out of the prompt)",
+                                          {"kind": v["type"]})
             raise PydanticCustomError("built_in_tool", "'{kind}': only 'none', 'auto', 'required' or a function "
                                                        "({{\"type\": \"function\", \"name\": ...}})",
                                       {"kind": v["type"]})
@@ -214,8 +268,8 @@ class ResponsesRequest(_Lenient):
     @field_validator("tool_choice")
     @classmethod
     def _choice_names_a_tool(cls, choice: Any, info: ValidationInfo) -> Any:
-        offered = info.data.get("tools") or []
-        if isinstance(choice, NamedFunction) and not any(t.name == choice.name for t in offered):
+        offered = _functions(info.data.get("tools") or [])
+        if isinstance(choice, NamedFunction) and not any(t.name == choice.name for t, _ in offered):
             raise PydanticCustomError("tool_choice", "no function named '{name}' in 'tools'", {"name": choice.name})
         return choice
 
@@ -256,10 +310,11 @@ class ResponsesRequest(_Lenient):
     def chat_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"messages": self.chat_messages(), "stream": self.stream,
                                 "parallel_tool_calls": self.parallel_tool_calls}
-        if self.tools:
+        functions = _functions(self.tools or [])
+        if functions:
             body["tools"] = [{"type": "function", "function": {
                 "name": t.name, **({"description": t.description} if t.description is not None else {}),
-                **({"parameters": t.parameters} if t.parameters is not None else {})}} for t in self.tools]
+                **({"parameters": t.parameters} if t.parameters is not None else {})}} for t, _ in functions]
         choice = self.tool_choice
         if choice is not None:
             body["tool_choice"] = ({"type": "function", "function": {"name": choice.name}}
@@ -276,6 +331,26 @@ class ResponsesRequest(_Lenient):
         elif fmt is not None and fmt.type == "json_object":
             body["response_format"] = {"type": "json_object"}
         return body
+
+
+    def ignored_tools(self) -> list[str]:
+        """The hosted tools offered, by type: left out of the prompt."""
+        return [t.type for t in self.tools or [] if isinstance(t, HostedTool)]
+
+    def namespaces(self) -> dict[str, str]:
+        """Each namespaced function's namespace, by the function's name."""
+        return {t.name: ns for t, ns in _functions(self.tools or []) if ns is not None}
+
+
+def _functions(offered: list[Any]) -> list[tuple[FunctionTool, str | None]]:
+    """The function tools offered, namespaces flattened, each with its namespace (None: none)."""
+    out: list[tuple[FunctionTool, str | None]] = []
+    for t in offered:
+        if isinstance(t, FunctionTool):
+            out.append((t, None))
+        elif isinstance(t, NamespaceTool):
+            out += [(f, t.name) for f in t.tools]
+    return out
 
 
 # chat-completions field names in errors the chat path raises, as this API names them
@@ -306,9 +381,11 @@ def _message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]
             "content": [] if text is None else [_text_part(text)]}
 
 
-def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
+def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str,
+               namespace: str | None = None) -> dict[str, Any]:
+    item = {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
             "status": status}
+    return item if namespace is None else {**item, "namespace": namespace}
 
 
 @dataclass
@@ -351,7 +428,9 @@ class ResponseAnswer:
         output: list[dict[str, Any]] = []
         if text or not calls:
             output.append(_message_item(new_id("msg"), text, self._status(done)))
-        output += [_call_item(new_id("fc"), tools.new_call_id(), c.name, c.arguments, "completed") for c in calls]
+        spaces = self.body.namespaces()
+        output += [_call_item(new_id("fc"), tools.new_call_id(), c.name, c.arguments, "completed", spaces.get(c.name))
+                   for c in calls]
         return self.response(self._status(done), output, done)
 
     async def stream(self, events: AsyncIterator[answers.Event]) -> AsyncIterator[dict[str, str]]:
@@ -447,7 +526,8 @@ class ResponseAnswer:
             else:  # a call: whole (ToolCall) or its start (CallStart)
                 held = ""
                 n_calls += 1
-                out += begin(_call_item(new_id("fc"), tools.new_call_id(), x.name, "", "in_progress"))
+                out += begin(_call_item(new_id("fc"), tools.new_call_id(), x.name, "", "in_progress",
+                                        self.body.namespaces().get(x.name)))
                 if isinstance(x, tools.ToolCall):
                     out.append(args_delta(x.arguments))
             for e in out:
