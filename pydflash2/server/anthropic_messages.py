@@ -371,6 +371,7 @@ class MessageAnswer:
         open_kind: str | None = None  # "text" | "tool_use" | None
         held = ""  # whitespace before any block: dropped if a call follows (as the whole answer drops it)
         n_calls = 0
+        arguments = ""  # the open tool_use block's input JSON so far
 
         def close() -> list[dict[str, str]]:
             nonlocal open_kind
@@ -405,6 +406,12 @@ class MessageAnswer:
                         out += begin({"type": "text", "text": ""})
                     if held:
                         out.append(text_delta(held))
+                if open_kind == "tool_use" and x.finish_reason == "length":
+                    # a call cut off: its JSON closed where it ends, so that the pieces join to the input a whole
+                    # answer gives (what the arguments hold so far)
+                    suffix = tools.closing_suffix(arguments)
+                    if suffix:
+                        out.append(json_delta(suffix))
                 out += close()
                 reason = stop_reason(x, n_calls > 0)
                 out.append(_sse("message_delta", {
@@ -423,11 +430,13 @@ class MessageAnswer:
                     x, held = held + x, ""
                 out.append(text_delta(x))
             elif isinstance(x, tools.ArgsPart):
+                arguments += x.text
                 out.append(json_delta(x.text))
             else:  # a call: whole (ToolCall) or its start (CallStart)
                 held = ""
                 n_calls += 1
                 out += begin({"type": "tool_use", "id": new_id("toolu"), "name": x.name, "input": {}})
+                arguments = x.arguments if isinstance(x, tools.ToolCall) else ""
                 if isinstance(x, tools.ToolCall):
                     out.append(json_delta(x.arguments))
             for e in out:

@@ -313,22 +313,30 @@ def _cut_response(text: str) -> str:
 
 
 def partial_object(text: str) -> dict[str, Any]:
-    """The JSON object `text` holds, or, cut off (max_tokens), what it holds so far: open strings, arrays and
-    objects closed where the text ends (a half-written escape or literal and a trailing comma left out, a
-    key without its value null); {} when there is no object."""
+    """The JSON object `text` holds, or, cut off (max_tokens), what it holds so far: closed where it ends
+    (closing_suffix), else where it ends less a half-written escape, literal or key; {} when there is no
+    object."""
     for trim in range(min(8, len(text)) + 1):
         base = text[:len(text) - trim]
-        open_string, closers = _open_ends(base)
-        for suffix in ('"', '": null') if open_string else ("", "null", ": null"):
-            head = base + suffix
-            if suffix in ("", "null"):  # (after a comma: nothing more to close there)
-                head = head.rstrip().removesuffix(",") if suffix == "" else head
-            try:
-                value = json.loads(head + closers, strict=False)
-            except ValueError:
-                continue
+        suffix = closing_suffix(base)
+        if suffix is not None:
+            value = json.loads(base + suffix, strict=False)
             return value if isinstance(value, dict) else {}
     return {}
+
+
+def closing_suffix(text: str) -> str | None:
+    """What closes JSON text cut off where it ends: "" when it is whole, else its open string (and, for a key,
+    a null value) and its open arrays and objects, so that text + suffix parses; None where no suffix can
+    (a trailing comma, a half-written escape or literal)."""
+    open_string, closers = _open_ends(text)
+    for suffix in ('"', '": null') if open_string else ("", "null", ": null"):
+        try:
+            json.loads(text + suffix + closers, strict=False)
+        except ValueError:
+            continue
+        return suffix + closers
+    return None
 
 
 def _open_ends(text: str) -> tuple[bool, str]:
