@@ -7,8 +7,10 @@ tool calls, `function_call_output` items tool turns, function `tools`,
 `tool_choice`, `max_output_tokens` max_tokens, `text.format` (json_schema,
 json_object) response_format, so the grammar path, the tool formats,
 sampling, speculation, context drafts, timings, metrics and limits are the
-chat path's own. Nothing is stored: `previous_response_id`, `conversation`,
-`background` and built-in tools (web search, file search, computer use...)
+chat path's own. `namespace` tools are flattened into their functions (calls
+of them answered with `namespace`); hosted tools (web search, file search,
+computer use...) are left out of the prompt and named in a response header.
+Nothing is stored: `previous_response_id`, `conversation` and `background`
 are a 400 saying so. The answer goes back as a response object with message
 and function_call output items, or as the typed events of a stream
 (response.created, response.in_progress, response.output_item.added,
