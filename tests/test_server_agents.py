@@ -561,6 +561,21 @@ def test_generic_response_string_decodes_across_pieces() -> None:
     assert tools.split_answer(tools.GENERIC, {"w"}, cut) == ('h\u00e9 "q" \\ \n\t\ufffd', [])
 
 
+@needs_grammar
+def test_generic_format_auto_constrains_the_shape_not_the_arguments(generic_server: ServerProcess) -> None:
+    """Claude Code offers dozens of tools, one with a string of maxLength 524288 (megabytes of grammar, past
+    --max-grammar-bytes): with tool_choice auto the generic grammar holds the answer's shape and the tools'
+    names, the arguments any object (read as written, as auto calls in the other formats); a required call
+    still follows its tool's schema, so there the same tool is a 400."""
+    script = {"type": "object", "properties": {"script": {"type": "string", "maxLength": 524288}}}
+    offered = [CHAT_TOOL, {"type": "function", "function": {"name": "Workflow", "parameters": script}}]
+    body = {"messages": [{"role": "user", "content": QUESTION}], "tools": offered, "max_tokens": 8, "temperature": 0}
+    r = post(generic_server, "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    r = post(generic_server, "/v1/chat/completions", {**body, "tool_choice": "required"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+
+
 def test_tool_choice_none_after_calls_asks_for_text(generic_server: ServerProcess) -> None:
     """tool_choice none after a tool result: the system turn no longer asks for JSON (nor lists tools)."""
     call = {"id": "call_1", "type": "function", "function": {"name": "w", "arguments": '{"u": "C"}'}}

@@ -184,7 +184,13 @@ def generic_schema(tools: list[dict[str, Any]], parallel: bool, required: bool) 
 
 
 def generic_grammar(tools: list[dict[str, Any]], parallel: bool, required: bool) -> str:
-    """GBNF of generic_schema (pydflash2.json_schema's converter). ValueError for parameters it cannot express."""
+    """GBNF of generic_schema (pydflash2.json_schema's converter). ValueError for parameters it cannot express.
+    Unless a call is required, a call's arguments are any JSON object, read as the model writes them (as auto
+    calls in the other formats are, which no grammar constrains): the grammar holds the answer's shape and the
+    tools' names, and the tools' schemas cost nothing (agents offer dozens, some the converter cannot take or
+    writes megabytes of grammar for, as Claude Code's maxLength 524288)."""
+    if not required:
+        tools = [{**t, "parameters": {"type": "object"}} for t in tools]
     for t in tools:
         json_schema.check_schema(t.get("parameters"), f"/{t['name']}")
     conv = json_schema.converter({"tool_calls": 0, "tool_call": 0, "response": 0, "name": 1, "arguments": 2})
