@@ -369,7 +369,6 @@ class MessageAnswer:
         yield _sse("ping", {})
         index = -1  # the open block's index
         open_kind: str | None = None  # "text" | "tool_use" | None
-        held = ""  # whitespace before any block: dropped if a call follows (as the whole answer drops it)
         n_calls = 0
         arguments = ""  # the open tool_use block's input JSON so far
 
@@ -387,25 +386,17 @@ class MessageAnswer:
             open_kind = block["type"]
             return out + [_sse("content_block_start", {"index": index, "content_block": block})]
 
-        def text_delta(text: str) -> dict[str, str]:
-            return _sse("content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": text}})
-
         def json_delta(part: str) -> dict[str, str]:
             return _sse("content_block_delta", {"index": index,
                                                 "delta": {"type": "input_json_delta", "partial_json": part}})
 
-        async for x in answers.items(events, self.plan):
+        async for x in answers.blocks(events, self.plan):
             out: list[dict[str, str]] = []
             if isinstance(x, Finished):
                 if x.finish_reason == "error":
                     status = x.status if x.status >= 400 else 500
                     yield {"event": "error", "data": json.dumps(error_body(status, x.error or "generation failed"))}
                     return
-                if index < 0 or (held and not n_calls):  # nothing but (perhaps) whitespace: a text block
-                    if open_kind != "text":
-                        out += begin({"type": "text", "text": ""})
-                    if held:
-                        out.append(text_delta(held))
                 if open_kind == "tool_use" and x.finish_reason == "length":
                     # a call cut off: its JSON closed where it ends, so that the pieces join to the input a whole
                     # answer gives (what the arguments hold so far)
@@ -418,26 +409,17 @@ class MessageAnswer:
                     "delta": {"stop_reason": reason, "stop_sequence": x.stop_sequence if not n_calls else None},
                     "usage": usage(x), "timings": x.timings}))
                 out.append(_sse("message_stop", {}))
-                for e in out:
-                    yield e
-                return
-            if isinstance(x, str):
-                if open_kind != "text":
-                    if not (held + x).strip():
-                        held += x
-                        continue
+            elif isinstance(x, answers.BlockStart):
+                if x.name is None:
                     out += begin({"type": "text", "text": ""})
-                    x, held = held + x, ""
-                out.append(text_delta(x))
-            elif isinstance(x, tools.ArgsPart):
+                else:
+                    n_calls += 1
+                    arguments = ""
+                    out += begin({"type": "tool_use", "id": new_id("toolu"), "name": x.name, "input": {}})
+            elif isinstance(x, str):
+                out.append(_sse("content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": x}}))
+            else:
                 arguments += x.text
                 out.append(json_delta(x.text))
-            else:  # a call: whole (ToolCall) or its start (CallStart)
-                held = ""
-                n_calls += 1
-                out += begin({"type": "tool_use", "id": new_id("toolu"), "name": x.name, "input": {}})
-                arguments = x.arguments if isinstance(x, tools.ToolCall) else ""
-                if isinstance(x, tools.ToolCall):
-                    out.append(json_delta(x.arguments))
             for e in out:
                 yield e

@@ -439,7 +439,6 @@ class ResponseAnswer:
         seq = 0
         output: list[dict[str, Any]] = []  # the items so far, each as it stands
         open_item: dict[str, Any] | None = None
-        held = ""  # whitespace before any item: dropped if a call follows (as the whole answer drops it)
 
         def ev(kind: str, **fields: Any) -> dict[str, str]:
             nonlocal seq
@@ -492,8 +491,8 @@ class ResponseAnswer:
 
         yield ev("response.created", response=self.response("in_progress", []))
         yield ev("response.in_progress", response=self.response("in_progress", []))
-        n_calls = 0
-        async for x in answers.items(events, self.plan):
+        spaces = self.body.namespaces()
+        async for x in answers.blocks(events, self.plan):
             out: list[dict[str, str]] = []
             if isinstance(x, Finished):
                 if x.finish_reason == "error":
@@ -504,33 +503,16 @@ class ResponseAnswer:
                     yield ev("response.failed", response=failed)
                     return
                 status = self._status(x)
-                if not output or (held and not n_calls):
-                    if open_item is None or open_item["type"] != "message":
-                        out += begin(_message_item(new_id("msg"), "", "in_progress"))
-                    if held:
-                        out.append(text_delta(held))
                 out += close(status if open_item is not None and open_item["type"] == "message" else "completed")
                 kind = "response.incomplete" if status == "incomplete" else "response.completed"
                 out.append(ev(kind, response=self.response(status, output, x)))
-                for e in out:
-                    yield e
-                return
-            if isinstance(x, str):
-                if open_item is None or open_item["type"] != "message":
-                    if not (held + x).strip():
-                        held += x
-                        continue
-                    out += begin(_message_item(new_id("msg"), "", "in_progress"))
-                    x, held = held + x, ""
+            elif isinstance(x, answers.BlockStart):
+                out += begin(_message_item(new_id("msg"), "", "in_progress") if x.name is None else
+                             _call_item(new_id("fc"), tools.new_call_id(), x.name, "", "in_progress",
+                                        spaces.get(x.name)))
+            elif isinstance(x, str):
                 out.append(text_delta(x))
-            elif isinstance(x, tools.ArgsPart):
+            else:
                 out.append(args_delta(x.text))
-            else:  # a call: whole (ToolCall) or its start (CallStart)
-                held = ""
-                n_calls += 1
-                out += begin(_call_item(new_id("fc"), tools.new_call_id(), x.name, "", "in_progress",
-                                        self.body.namespaces().get(x.name)))
-                if isinstance(x, tools.ToolCall):
-                    out.append(args_delta(x.arguments))
             for e in out:
                 yield e
