@@ -14,7 +14,8 @@ Formats (llama.cpp's names in brackets):
   generic format): the tools are described in the system turn and the whole
   answer is constrained by grammar to JSON, `{"tool_calls": [{"name": ...,
   "arguments": {...}}, ...]}` (`{"tool_call": {...}}` without parallel calls)
-  or `{"response": "..."}`, the reply to the user.
+  or `{"response": "..."}`, the reply to the user (with tool_choice auto the
+  grammar leaves the arguments any object).
 Text that does not parse as a call of a known tool stays content, as llama.cpp
 leaves it.
 """
@@ -401,8 +402,10 @@ class ToolCallStream:
     """Splits an answer, piece by piece, into content and tool calls. Content that
     may still turn out to be a call is held back until it is known. push() and
     finish() return what can be released: str (content), ToolCall (a whole call),
-    or, for Hermes calls that name the tool first, CallStart then ArgsPart pieces
-    as the arguments are generated (the pieces concatenate to the arguments).
+    or, for Hermes calls that name the tool first and generic-format calls,
+    CallStart then ArgsPart pieces as the arguments are generated (the pieces
+    concatenate to the arguments). A generic-format response's text is released
+    as it is decoded (its JSON string unescaped piece by piece).
 
     A call's markup never reaches the content: a call cut off by max_tokens ends
     with the arguments written so far (or, cut before its name, is dropped), and
