@@ -10,6 +10,7 @@ giving the same tokens (one request path inside)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -22,7 +23,7 @@ import pydflash2_testing as testing
 import pytest
 from server_process import ServerProcess
 
-from pydflash2.server import steering
+from pydflash2.server import steering, tools
 from pydflash2.server.engine import BatchEngine
 
 HOT = tuple(testing.FIRST_MERGED_ID + i for i in range(6))
@@ -219,7 +220,6 @@ def test_messages_errors_in_anthropics_shape(claude: anthropic.Anthropic, server
     cases = [  # (path, body, what the message must say)
         ("/v1/messages", {"messages": user}, "missing required field 'max_tokens'"),
         ("/v1/messages", {"messages": user, "max_tokens": 4, "temperature": -1}, "temperature"),
-        ("/v1/messages", {"messages": user, "max_tokens": 4000}, "max_tokens (4000) exceeds the context"),
         ("/v1/messages", {"messages": user, "max_tokens": 4, "stop_sequences": ["a", "b", "c", "d", "e"]},
          "stop_sequences"),
         ("/v1/messages", {"messages": user, "max_tokens": 4, "tools": [{"type": "web_search_20250305",
@@ -319,12 +319,13 @@ def test_responses_text_and_what_is_refused(oai: openai.OpenAI, server: ServerPr
     assert events[-1].type == f"response.{whole.status}" and events[-1].response.output_text == whole.output_text
     for body, param, needle in [
         ({"input": "hi", "previous_response_id": "resp_1"}, None, "stateless"),
-        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools", "built-in tool 'web_search' is not served"),
-        ({"input": "hi", "tool_choice": {"type": "file_search"}}, "tool_choice", "only 'none'"),
+        ({"input": "hi", "tools": [{"type": "custom", "name": "x"}]}, "tools", "'custom' tools are not served"),
+        ({"input": "hi", "tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}}, "tool_choice",
+         "'web_search' forces a hosted tool"),
+        ({"input": "hi", "tool_choice": {"type": "allowed_tools"}}, "tool_choice", "only 'none'"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AA=="}]}]},
          "input.0.message.content", "this model takes text only"),
         ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input", "'web_search_call' items are not served"),
-        ({"input": "hi", "max_output_tokens": 5000}, "max_output_tokens", "max_output_tokens (5000) exceeds"),
         ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {
             "type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}}}}}, "text.format",
          "multipleOf"),
@@ -383,6 +384,222 @@ def test_the_three_apis_give_the_same_greedy_tokens(claude: anthropic.Anthropic,
                                                                         "tool_use_id": "call_1",
                                                                         "content": RESULT}]}]) as s:
         assert s.get_final_message().content[0].text == text
+
+
+# ---------------------------------------------------------------- what agents send (issue 58)
+
+
+def test_max_tokens_past_the_context_is_capped(claude: anthropic.Anthropic, oai: openai.OpenAI,
+                                               server: ServerProcess) -> None:
+    """Claude Code asks for max_tokens 32000 whatever the context: as llama-server, the answer runs to the end of
+    the context and ends as cut off (length / max_tokens / incomplete), and the access line states the cap."""
+    def user(k: int) -> list[dict]:
+        return [{"role": "user", "content": "tell me " * k}]
+
+    one, two = (claude.messages.count_tokens(model="x", messages=user(k)).input_tokens for k in (100, 200))
+    long = user(100 + (1000 - one) * 100 // (two - one))  # about 1,000 tokens
+    prompt = claude.messages.count_tokens(model="x", messages=long).input_tokens
+    left = 1024 - prompt
+    assert 0 < left < 64, prompt  # a short answer: the test stays quick
+    msg = claude.messages.with_raw_response.create(model="x", max_tokens=32000, **GREEDY, messages=long,
+                                                   extra_headers={"X-Request-Id": "cap-messages"})
+    m = msg.parse()
+    assert m.stop_reason == "max_tokens" and m.usage.output_tokens == left, m
+    with claude.messages.stream(model="x", max_tokens=32000, **GREEDY, messages=long) as s:
+        assert s.get_final_message().content[0].text == m.content[0].text
+    chat = oai.chat.completions.create(model="x", max_tokens=32000, temperature=0, messages=long)
+    assert chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == left
+    assert chat.choices[0].message.content == m.content[0].text
+    resp = oai.responses.create(model="x", max_output_tokens=32000, temperature=0, input=long[0]["content"])
+    assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
+    assert resp.usage.output_tokens == left
+    line = next(x for x in server.log().splitlines() if "rid=cap-messages" in x)
+    assert f"max_tokens=32000->{left}" in line and "finish=length" in line, line
+
+
+def test_messages_take_system_turns_inside_messages(claude: anthropic.Anthropic) -> None:
+    """Claude Code sends a system turn inside messages: joined into the system prompt, after `system`."""
+    extra = "Answer in French."
+    inside = claude.messages.create(model="x", max_tokens=8, **GREEDY, system=SYSTEM, messages=[
+        {"role": "system", "content": extra}, {"role": "user", "content": QUESTION}])
+    joined = claude.messages.create(model="x", max_tokens=8, **GREEDY, system=f"{SYSTEM}\n{extra}",
+                                    messages=[{"role": "user", "content": QUESTION}])
+    assert inside.content[0].text == joined.content[0].text
+    assert inside.usage.input_tokens + inside.usage.cache_read_input_tokens == (
+        joined.usage.input_tokens + joined.usage.cache_read_input_tokens)
+    count = claude.messages.count_tokens(model="x", messages=[{"role": "system", "content": [
+        {"type": "text", "text": extra}]}, {"role": "user", "content": QUESTION}])
+    alone = claude.messages.count_tokens(model="x", system=extra, messages=[{"role": "user", "content": QUESTION}])
+    assert count.input_tokens == alone.input_tokens
+    with pytest.raises(anthropic.BadRequestError, match="tool_use"):  # a system turn holds text only
+        claude.messages.create(model="x", max_tokens=2, messages=[
+            {"role": "system", "content": [{"type": "tool_use", "id": "t", "name": "w", "input": {}}]},
+            {"role": "user", "content": QUESTION}])
+
+
+NAMESPACE = {"type": "namespace", "name": "weather", "description": "weather tools", "tools": [RESPONSES_TOOL]}
+HOSTED = [{"type": "web_search"}, {"type": "web_search_preview"}, {"type": "file_search", "vector_store_ids": ["v"]},
+          {"type": "code_interpreter", "container": {"type": "auto"}}, {"type": "image_generation"},
+          {"type": "local_shell"}, {"type": "mcp", "server_label": "m", "server_url": "http://127.0.0.1:1"}]
+
+
+@needs_grammar
+def test_responses_namespace_tools_and_hosted_tools(oai: openai.OpenAI, server: ServerProcess) -> None:
+    """Codex groups tools in a namespace and offers hosted tools: the namespace's functions are served, their
+    calls answered with `namespace`; hosted tools are left out of the prompt and named in a header and the log."""
+    kinds = ",".join(t["type"] for t in HOSTED)
+    kw = {"model": "x", "instructions": SYSTEM, "input": QUESTION, "tools": [NAMESPACE, *HOSTED],
+          "tool_choice": {"type": "function", "name": "w"}, "max_output_tokens": 64, "temperature": 0}
+    raw = oai.responses.with_raw_response.create(**kw, extra_headers={"X-Request-Id": "hosted-tools"})
+    assert raw.headers["x-pydflash2-ignored-tools"] == kinds
+    r = raw.parse()
+    (call,) = [o for o in r.output if o.type == "function_call"]
+    assert (call.name, call.namespace) == ("w", "weather") and r.status == "completed"
+    jsonschema.validate(json.loads(call.arguments), PARAMS)
+    line = next(x for x in server.log().splitlines() if "rid=hosted-tools" in x)
+    assert f"ignored_tools={kinds}" in line, line
+    # the same prompt as the function offered alone: hosted tools are not in it
+    alone = oai.responses.create(**{**kw, "tools": [RESPONSES_TOOL]})
+    assert alone.usage.input_tokens == r.usage.input_tokens
+    with oai.responses.stream(**kw) as stream:
+        final = stream.get_final_response()
+    (streamed,) = [o for o in final.output if o.type == "function_call"]
+    assert (streamed.namespace, streamed.arguments) == ("weather", call.arguments)
+    # the call resent with its namespace, and its output: the next turn
+    follow = oai.responses.create(model="x", tools=[NAMESPACE, *HOSTED], max_output_tokens=4, temperature=0, input=[
+        {"role": "user", "content": QUESTION}, call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": RESULT}])
+    assert follow.status in ("completed", "incomplete")
+    r = post(server, "/v1/responses", {"input": "hi", "tools": HOSTED, "tool_choice": {"type": "file_search"}})
+    assert r.status_code == 400 and "'file_search' forces a hosted tool" in r.json()["error"]["message"], r.text
+
+
+# the generic tool format (a template without its own): a target on plain ChatML
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}, "required": ["city"]}
+
+
+@pytest.fixture(scope="module")
+def generic_server(workdir: Path):
+    target = testing.make_target_gguf(workdir / "plain-target.gguf",
+                                      testing.TargetSpec(hot_tokens=(testing.FIRST_MERGED_ID,)))
+    s = ServerProcess(["--model", str(target), "--draft", "none", "--n-ctx", "1024"], workdir)
+    yield s
+    s.stop()
+
+
+@needs_grammar
+def test_generic_format_call_cut_by_max_tokens_keeps_its_call(generic_server: ServerProcess) -> None:
+    """A generic-format call cut off by max_tokens with its name written: a tool_use / tool call / function_call
+    whose input is what its arguments hold so far, not an empty text block."""
+    url = generic_server.url
+    claude = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=120)
+    oai = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+    tool = {"name": "w", "description": "weather", "input_schema": CITY}
+    body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 100, "temperature": 0,
+            "tools": [{"type": "function", "function": {"name": "w", "parameters": CITY}}], "tool_choice": "required",
+            "return_token_ids": True}
+    whole = post(generic_server, "/v1/chat/completions", body).json()["choices"][0]
+    tokens = whole["token_ids"]
+    # the shortest prefix whose text is inside the city's string
+    inside = re.compile(r'"name"\s*:\s*"w"\s*,\s*"arguments"\s*:\s*\{\s*"city"\s*:\s*"[^"]')
+    cut = next(n for n in range(1, len(tokens)) if inside.search(
+        post(generic_server, "/detokenize", {"tokens": tokens[:n]}).json()["content"]))
+    kw = {"model": "x", "max_tokens": cut, **GREEDY, "tools": [tool], "tool_choice": {"type": "any"},
+          "messages": [{"role": "user", "content": QUESTION}]}
+    msg = claude.messages.create(**kw)
+    assert msg.stop_reason == "max_tokens" and [b.type for b in msg.content] == ["tool_use"], msg
+    city = msg.content[0].input["city"]
+    whole_args = json.loads(whole["message"]["tool_calls"][0]["function"]["arguments"], strict=False)
+    assert city and whole_args["city"].startswith(city)
+    with claude.messages.stream(**kw) as s:
+        final = s.get_final_message()
+    assert [b.type for b in final.content] == ["tool_use"] and final.content[0].input == {"city": city}
+    chat = post(generic_server, "/v1/chat/completions", {**body, "max_tokens": cut}).json()["choices"][0]
+    assert chat["finish_reason"] == "length" and chat["message"]["tool_calls"][0]["function"]["name"] == "w"
+    resp = oai.responses.create(model="x", input=QUESTION, max_output_tokens=cut, temperature=0, tool_choice="required",
+                                tools=[{"type": "function", "name": "w", "parameters": CITY}])
+    assert resp.status == "incomplete" and [o.type for o in resp.output] == ["function_call"]
+
+
+def test_generic_format_response_streams(generic_server: ServerProcess) -> None:
+    """With tools offered on a template without a tool format, the answer's text streams as it is decoded
+    (the response's JSON string, unescaped), on chat completions, Messages and Responses alike."""
+    url = generic_server.url
+    claude = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=120)
+    oai = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+    chat_tool = CHAT_TOOL  # the same tool as ANTHROPIC_TOOL and RESPONSES_TOOL: the same prompt
+    whole = oai.chat.completions.create(model="x", messages=[{"role": "user", "content": QUESTION}], max_tokens=40,
+                                        temperature=0, tools=[chat_tool])
+    text = whole.choices[0].message.content
+    assert text and not whole.choices[0].message.tool_calls and not text.lstrip().startswith("{"), whole
+    chunks = [c.choices[0].delta.content for c in oai.chat.completions.create(
+        model="x", messages=[{"role": "user", "content": QUESTION}], max_tokens=40, temperature=0, tools=[chat_tool],
+        stream=True) if c.choices and c.choices[0].delta.content]
+    assert len(chunks) > 5 and "".join(chunks) == text
+    with claude.messages.stream(model="x", max_tokens=40, **GREEDY, tools=[ANTHROPIC_TOOL],
+                                messages=[{"role": "user", "content": QUESTION}]) as s:
+        pieces = list(s.text_stream)
+    assert len(pieces) > 5 and "".join(pieces) == text
+    with oai.responses.stream(model="x", input=QUESTION, max_output_tokens=40, temperature=0,
+                              tools=[RESPONSES_TOOL]) as s:
+        deltas = [e.delta for e in s if e.type == "response.output_text.delta"]
+    assert len(deltas) > 5 and "".join(deltas) == text
+
+
+def test_generic_response_string_decodes_across_pieces() -> None:
+    """The response's JSON string decoded piece by piece, split anywhere (inside escapes, between a surrogate
+    pair's halves): the same text as the whole string's; cut off inside an escape, the escape is dropped."""
+    value = 'h\u00e9 "q" \\ \n\t\U0001f600 x\u2028'
+    answer = json.dumps({"response": value})  # \u00e9, \ud83d\ude00 escapes
+    assert "\\ud83d\\ude00" in answer
+    for size in (1, 2, 3, 5, 7):
+        s = tools.ToolCallStream(tools.GENERIC, {"w"})
+        out = [x for i in range(0, len(answer), size) for x in s.push(answer[i:i + size])] + s.finish()
+        assert all(isinstance(x, str) for x in out) and "".join(out) == value, (size, out)
+        assert len(out) >= min(5, len(answer) // size // 2), (size, out)  # as it comes, not at the end
+    cut = answer[:answer.index("\\ude00") + 3]  # the pair's low half cut off
+    assert tools.split_answer(tools.GENERIC, {"w"}, cut) == ('h\u00e9 "q" \\ \n\t\ufffd', [])
+
+
+@needs_grammar
+def test_generic_format_auto_constrains_the_shape_not_the_arguments(generic_server: ServerProcess) -> None:
+    """Claude Code offers dozens of tools, one with a string of maxLength 524288 (megabytes of grammar, past
+    --max-grammar-bytes): with tool_choice auto the generic grammar holds the answer's shape and the tools'
+    names, the arguments any object (read as written, as auto calls in the other formats); a required call
+    still follows its tool's schema, so there the same tool is a 400."""
+    script = {"type": "object", "properties": {"script": {"type": "string", "maxLength": 524288}}}
+    offered = [CHAT_TOOL, {"type": "function", "function": {"name": "Workflow", "parameters": script}}]
+    body = {"messages": [{"role": "user", "content": QUESTION}], "tools": offered, "max_tokens": 8, "temperature": 0}
+    r = post(generic_server, "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    r = post(generic_server, "/v1/chat/completions", {**body, "tool_choice": "required"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+
+
+def test_tool_choice_none_after_calls_asks_for_text(generic_server: ServerProcess) -> None:
+    """tool_choice none after a tool result: the system turn no longer asks for JSON (nor lists tools)."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "w", "arguments": '{"u": "C"}'}}
+    history = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_1", "content": RESULT}]
+    tool = {"type": "function", "function": {"name": "w", "parameters": PARAMS}}
+    prompt = post(generic_server, "/apply-template", {"messages": history, "tools": [tool],
+                                                      "tool_choice": "none"}).json()["prompt"]
+    system = prompt.split("<|im_end|>")[0]
+    assert "JSON" not in system and "You can call" not in system and tools.PLAIN_INSTRUCTION in system, prompt
+    auto = post(generic_server, "/apply-template", {"messages": history, "tools": [tool]}).json()["prompt"]
+    assert tools.GENERIC_INSTRUCTION in auto  # offered: described, and the answer's JSON asked for
+    claude = anthropic.Anthropic(base_url=generic_server.url, api_key="none", max_retries=0, timeout=120)
+    msg = claude.messages.create(model="x", max_tokens=8, **GREEDY, tools=[ANTHROPIC_TOOL],
+                                 tool_choice={"type": "none"}, messages=[
+                                     {"role": "user", "content": QUESTION},
+                                     {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1",
+                                                                        "name": "w", "input": {"u": "C"}}]},
+                                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1",
+                                                                   "content": RESULT}]}])
+    assert [b.type for b in msg.content] == ["text"]
+    count = claude.messages.count_tokens(model="x", tools=[ANTHROPIC_TOOL], tool_choice={"type": "none"},
+                                         messages=[{"role": "user", "content": QUESTION}])
+    assert count.input_tokens < 40  # no tools described
 
 
 # ---------------------------------------------------------------- SmolLM2 (slow tier)

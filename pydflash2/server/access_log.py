@@ -6,7 +6,10 @@ it in X-Request-Id. The request's arrival time and id go into scope["state"]
 (request.state.arrival / request.state.request_id for the handlers). When the
 response ends, one line at INFO on the "pydflash2.access" logger:
 
-    rid=... POST /v1/completions 200 prompt=12 completion=16 tau=2.29 1.234s
+    rid=... POST /v1/completions 200 prompt=12 completion=16 tau=2.29 finish=length 1.234s
+
+and, where they apply, `max_tokens=32000->1012` (max_tokens capped to the context left after the
+prompt) and `ignored_tools=web_search,...` (hosted tools left out of the prompt).
 """
 
 from __future__ import annotations
@@ -72,5 +75,10 @@ class AccessLog:
                       f"finish={outcome.finish_reason}"]
         elif gen is not None:
             parts += [f"prompt={len(gen.prompt_tokens)}", "completion=0"]
+        asked = getattr(gen, "max_tokens_asked", None)
+        if asked is not None:  # capped to the context left after the prompt
+            parts.append(f"max_tokens={asked}->{gen.max_tokens}")
+        if state.get("ignored_tools"):  # hosted tools left out of the prompt (the Responses API)
+            parts.append("ignored_tools=" + ",".join(state["ignored_tools"]))
         parts.append(f"{seconds:.3f}s")
         log.info(" ".join(parts))

@@ -56,6 +56,51 @@ async def items(events: AsyncIterator[Event], plan: ToolPlan | None) -> AsyncIte
                 yield x
 
 
+@dataclass(frozen=True)
+class BlockStart:
+    """A new block of a streamed answer, which ends the one before: text (name None) or a tool call."""
+
+    name: str | None = None
+
+
+async def blocks(events: AsyncIterator[Event], plan: ToolPlan | None) -> AsyncIterator[
+        BlockStart | str | tools.ArgsPart | Finished]:
+    """A request's events as the blocks of its answer, for the shapes that stream them (Anthropic's
+    content blocks, the Responses API's output items): a BlockStart, then the block's text pieces, or
+    its call's arguments pieces (a whole call's at once); last the Finished event. Whitespace before a
+    call or between calls is markup, dropped; an answer of no block, or of only whitespace and no call,
+    gets one text block holding it, as the whole answer does."""
+    kind: str | None = None  # the open block's: "text" or "call"
+    held = ""  # whitespace before any block, or after a call
+    n_calls = 0
+    async for x in items(events, plan):
+        if isinstance(x, Finished):
+            if x.finish_reason != "error" and (kind is None or (held and not n_calls)):
+                if kind != "text":
+                    yield BlockStart()
+                if held:
+                    yield held
+            yield x
+            return
+        if isinstance(x, str):
+            if kind != "text":
+                if not (held + x).strip():
+                    held += x
+                    continue
+                kind = "text"
+                yield BlockStart()
+                x, held = held + x, ""
+            yield x
+        elif isinstance(x, tools.ArgsPart):
+            yield x
+        else:  # a call: whole (ToolCall) or its start (CallStart)
+            kind, held = "call", ""
+            n_calls += 1
+            yield BlockStart(x.name)
+            if isinstance(x, tools.ToolCall):
+                yield tools.ArgsPart(x.arguments)
+
+
 @dataclass
 class Answer:
     rid: str

@@ -125,19 +125,22 @@ def _check_blocks(v: Any, allowed: tuple[str, ...]) -> Any:
 
 
 class Message(_Lenient):
-    role: Literal["user", "assistant"]
+    # "system": a turn Claude Code sends inside messages (Anthropic's API wants `system`): joined into the system prompt
+    role: Literal["user", "assistant", "system"]
     content: list[Block]  # a string: one text block
 
     @field_validator("content", mode="before")
     @classmethod
-    def _blocks(cls, v: Any) -> Any:
-        return _check_blocks(_as_blocks(v), allowed=("text", "tool_use", "tool_result", *IGNORED_BLOCKS))
+    def _blocks(cls, v: Any, info: ValidationInfo) -> Any:
+        allowed = ("text",) if info.data.get("role") == "system" else ("text", "tool_use", "tool_result",
+                                                                        *IGNORED_BLOCKS)
+        return _check_blocks(_as_blocks(v), allowed=allowed)
 
     @field_validator("content")
     @classmethod
     def _by_role(cls, blocks: list[Any], info: ValidationInfo) -> list[Any]:
         role = info.data.get("role")
-        wrong = "tool_result" if role == "assistant" else "tool_use"
+        wrong = "tool_result" if role == "assistant" else "tool_use"  # a system turn holds text blocks only
         for i, b in enumerate(blocks):
             if b.type == wrong:
                 raise PydanticCustomError("block_role", "block {i}: a '{wrong}' block cannot be in a {role} message",
@@ -209,9 +212,15 @@ class _Conversation(_Lenient):
     def chat_messages(self) -> list[dict[str, Any]]:
         """The conversation as chat-completions messages."""
         out: list[dict[str, Any]] = []
-        if self.system:
-            out.append({"role": "system", "content": schemas.PART_SEPARATOR.join(b.text for b in self.system)})
+        # the system prompt: `system`, then the text of each system turn in messages, in their order (one system
+        # turn first, the one place every chat template takes it)
+        system = [b.text for b in self.system or []]
+        system += [b.text for m in self.messages if m.role == "system" for b in m.content if isinstance(b, TextBlock)]
+        if system:
+            out.append({"role": "system", "content": schemas.PART_SEPARATOR.join(system)})
         for m in self.messages:
+            if m.role == "system":
+                continue
             if m.role == "assistant":
                 texts = [{"type": "text", "text": b.text} for b in m.content if isinstance(b, TextBlock)]
                 turn: dict[str, Any] = {"role": "assistant", "content": texts or None}
@@ -321,12 +330,8 @@ def usage(done: Finished) -> dict[str, Any]:
 
 
 def tool_input(arguments: str) -> dict[str, Any]:
-    """A call's arguments as tool_use's input; arguments cut off (max_tokens) or not an object: {}."""
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+    """A call's arguments as tool_use's input: cut off (max_tokens), what they hold so far; not an object: {}."""
+    return tools.partial_object(arguments)
 
 
 def _sse(kind: str, obj: dict[str, Any]) -> dict[str, str]:
@@ -364,8 +369,8 @@ class MessageAnswer:
         yield _sse("ping", {})
         index = -1  # the open block's index
         open_kind: str | None = None  # "text" | "tool_use" | None
-        held = ""  # whitespace before any block: dropped if a call follows (as the whole answer drops it)
         n_calls = 0
+        arguments = ""  # the open tool_use block's input JSON so far
 
         def close() -> list[dict[str, str]]:
             nonlocal open_kind
@@ -381,49 +386,40 @@ class MessageAnswer:
             open_kind = block["type"]
             return out + [_sse("content_block_start", {"index": index, "content_block": block})]
 
-        def text_delta(text: str) -> dict[str, str]:
-            return _sse("content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": text}})
-
         def json_delta(part: str) -> dict[str, str]:
             return _sse("content_block_delta", {"index": index,
                                                 "delta": {"type": "input_json_delta", "partial_json": part}})
 
-        async for x in answers.items(events, self.plan):
+        async for x in answers.blocks(events, self.plan):
             out: list[dict[str, str]] = []
             if isinstance(x, Finished):
                 if x.finish_reason == "error":
                     status = x.status if x.status >= 400 else 500
                     yield {"event": "error", "data": json.dumps(error_body(status, x.error or "generation failed"))}
                     return
-                if index < 0 or (held and not n_calls):  # nothing but (perhaps) whitespace: a text block
-                    if open_kind != "text":
-                        out += begin({"type": "text", "text": ""})
-                    if held:
-                        out.append(text_delta(held))
+                if open_kind == "tool_use" and x.finish_reason == "length":
+                    # a call cut off: its JSON closed where it ends, so that the pieces join to the input a whole
+                    # answer gives (what the arguments hold so far)
+                    suffix = tools.closing_suffix(arguments)
+                    if suffix:
+                        out.append(json_delta(suffix))
                 out += close()
                 reason = stop_reason(x, n_calls > 0)
                 out.append(_sse("message_delta", {
                     "delta": {"stop_reason": reason, "stop_sequence": x.stop_sequence if not n_calls else None},
                     "usage": usage(x), "timings": x.timings}))
                 out.append(_sse("message_stop", {}))
-                for e in out:
-                    yield e
-                return
-            if isinstance(x, str):
-                if open_kind != "text":
-                    if not (held + x).strip():
-                        held += x
-                        continue
+            elif isinstance(x, answers.BlockStart):
+                if x.name is None:
                     out += begin({"type": "text", "text": ""})
-                    x, held = held + x, ""
-                out.append(text_delta(x))
-            elif isinstance(x, tools.ArgsPart):
+                else:
+                    n_calls += 1
+                    arguments = ""
+                    out += begin({"type": "tool_use", "id": new_id("toolu"), "name": x.name, "input": {}})
+            elif isinstance(x, str):
+                out.append(_sse("content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": x}}))
+            else:
+                arguments += x.text
                 out.append(json_delta(x.text))
-            else:  # a call: whole (ToolCall) or its start (CallStart)
-                held = ""
-                n_calls += 1
-                out += begin({"type": "tool_use", "id": new_id("toolu"), "name": x.name, "input": {}})
-                if isinstance(x, tools.ToolCall):
-                    out.append(json_delta(x.arguments))
             for e in out:
                 yield e

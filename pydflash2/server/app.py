@@ -266,12 +266,14 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
     @app.post("/responses", dependencies=protected)
     async def responses(request: Request) -> Response:
         body = await _read_body(request, responses_api.ResponsesRequest, config)
+        ignored = request.state.ignored_tools = body.ignored_tools()  # hosted tools: left out (the access log)
+        headers = {responses_api.IGNORED_TOOLS_HEADER: ",".join(ignored)} if ignored else None
         with _renamed(responses_api.PARAMS):
             req, st = await start_chat(request, _as_chat(body.chat_body()))
         answer = responses_api.ResponseAnswer(responses_api.new_id("resp"), config.model_id, body, st.tool_plan)
         if body.stream:
-            return EventSourceResponse(answer.stream(_events(scheduler, req)))
-        return JSONResponse(answer.whole(await _wait(scheduler, request, req)))
+            return EventSourceResponse(answer.stream(_events(scheduler, req)), headers=headers)
+        return JSONResponse(answer.whole(await _wait(scheduler, request, req)), headers=headers)
 
     add_template_routes(app, protected, tokenizer,
                         read_body=lambda request, model: _read_body(request, model, config),
@@ -386,10 +388,11 @@ async def _submit(scheduler: Scheduler, request: Request, body: schemas._Samplin
     if len(tokens) >= n_ctx:
         raise ApiError(400, f"the prompt has {len(tokens)} tokens but the context holds {n_ctx} tokens per request "
                             f"(at least 1 must be left to generate)", param="prompt", code="context_length_exceeded")
-    max_tokens = body.max_tokens if body.max_tokens is not None else (default_max_tokens or n_ctx - len(tokens))
-    if max_tokens > n_ctx:
-        raise ApiError(400, f"max_tokens ({max_tokens}) exceeds the context of {n_ctx} tokens per request",
-                       param="max_tokens")
+    left = n_ctx - len(tokens)
+    max_tokens = body.max_tokens if body.max_tokens is not None else (default_max_tokens or left)
+    asked = None
+    if max_tokens > left:  # as llama-server: the answer stops where the context ends (finish_reason "length")
+        asked, max_tokens = max_tokens, left
     seed = body.seed if body.seed is not None else random_seed()
     d = config.defaults
 
@@ -401,7 +404,7 @@ async def _submit(scheduler: Scheduler, request: Request, body: schemas._Samplin
         sampling=Sampling(temperature=pick(body.temperature, d.temperature), top_p=pick(body.top_p, d.top_p),
                           top_k=pick(body.top_k, d.top_k), min_p=pick(body.min_p, d.min_p), seed=seed),
         max_tokens=max_tokens, stop=body.stop_list(), loop=asyncio.get_running_loop(),
-        engine_options=steer.engine_options,
+        engine_options=steer.engine_options, max_tokens_asked=asked,
     )
     arrival = _arrival(request)
     req.t_arrival = arrival

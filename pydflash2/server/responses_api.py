@@ -7,8 +7,10 @@ tool calls, `function_call_output` items tool turns, function `tools`,
 `tool_choice`, `max_output_tokens` max_tokens, `text.format` (json_schema,
 json_object) response_format, so the grammar path, the tool formats,
 sampling, speculation, context drafts, timings, metrics and limits are the
-chat path's own. Nothing is stored: `previous_response_id`, `conversation`,
-`background` and built-in tools (web search, file search, computer use...)
+chat path's own. `namespace` tools are flattened into their functions (calls
+of them answered with `namespace`); hosted tools (web search, file search,
+computer use...) are left out of the prompt and named in a response header.
+Nothing is stored: `previous_response_id`, `conversation` and `background`
 are a 400 saying so. The answer goes back as a response object with message
 and function_call output items, or as the typed events of a stream
 (response.created, response.in_progress, response.output_item.added,
@@ -25,7 +27,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..sampling import check_param
@@ -92,6 +94,7 @@ class FunctionCallItem(_Lenient):
     call_id: str
     name: str = Field(..., min_length=1)
     arguments: str = "{}"
+    namespace: str | None = None  # a namespace tool's function: the conversation names the function
 
 
 class FunctionCallOutputItem(_Lenient):
@@ -121,6 +124,61 @@ class FunctionTool(_Lenient):
     strict: bool | None = None
 
 
+class NamespaceTool(_Lenient):
+    """Function tools grouped under a name (the openai SDK's NamespaceTool; Codex sends its multi-agent tools so):
+    flattened into its functions, and calls of them answered with `namespace` set."""
+
+    type: Literal["namespace"]
+    name: str = Field(..., min_length=1)
+    description: str | None = None
+    tools: list[FunctionTool] = Field(default_factory=list)
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _functions_only(cls, v: Any) -> Any:
+        return _check_tool_kinds(v, allowed=("function",))
+
+
+class HostedTool(_Lenient):
+    """A tool OpenAI runs itself (web search, file search, code interpreter, MCP, ...): left out of the prompt."""
+
+    type: str
+
+
+# OpenAI's hosted tools (and built-ins whose calls are items of their own, as local_shell's): not in the prompt,
+# listed in the x-pydflash2-ignored-tools header and the access log; dated variants (web_search_preview_2025_03_11) too
+HOSTED_TOOLS = ("web_search", "web_search_preview", "file_search", "code_interpreter", "computer_use_preview",
+                "computer_use", "computer", "image_generation", "local_shell", "shell", "apply_patch", "mcp",
+                "tool_search")
+IGNORED_TOOLS_HEADER = "x-pydflash2-ignored-tools"
+
+
+def is_hosted(kind: str) -> bool:
+    return kind in HOSTED_TOOLS or kind.split("_20")[0] in HOSTED_TOOLS
+
+
+def _tool_kind(v: Any) -> str | None:
+    kind = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+    if not isinstance(kind, str):
+        return None
+    return "hosted" if is_hosted(kind) else kind
+
+
+def _check_tool_kinds(v: Any, allowed: tuple[str, ...]) -> Any:
+    if isinstance(v, list):
+        for i, t in enumerate(v):
+            kind = t.get("type") if isinstance(t, dict) else None
+            if isinstance(kind, str) and _tool_kind(t) not in allowed:
+                raise PydanticCustomError("built_in_tool", "tool {i}: '{kind}' tools are not served: only function "
+                                                           "tools, namespaces of them and hosted tools (left out)",
+                                          {"i": i, "kind": kind})
+    return v
+
+
+Tool = Annotated[Annotated[FunctionTool, Tag("function")] | Annotated[NamespaceTool, Tag("namespace")]
+                 | Annotated[HostedTool, Tag("hosted")], Discriminator(_tool_kind)]
+
+
 class NamedFunction(_Lenient):
     type: Literal["function"]
     name: str
@@ -142,7 +200,7 @@ class ResponsesRequest(_Lenient):
     model: str | None = None
     input: list[Item] = Field(..., min_length=1)  # a string: one user message
     instructions: str | None = None
-    tools: list[FunctionTool] | None = None
+    tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool = True
     max_output_tokens: int | None = None
@@ -193,19 +251,17 @@ class ResponsesRequest(_Lenient):
 
     @field_validator("tools", mode="before")
     @classmethod
-    def _function_tools_only(cls, v: Any) -> Any:
-        if isinstance(v, list):
-            for i, t in enumerate(v):
-                kind = t.get("type") if isinstance(t, dict) else None
-                if isinstance(kind, str) and kind != "function":
-                    raise PydanticCustomError("built_in_tool", "tool {i}: built-in tool '{kind}' is not served: "
-                                                               "only function tools", {"i": i, "kind": kind})
-        return v
+    def _served_tools_only(cls, v: Any) -> Any:
+        return _check_tool_kinds(v, allowed=("function", "namespace", "hosted"))
 
     @field_validator("tool_choice", mode="before")
     @classmethod
     def _choice_kind(cls, v: Any) -> Any:
         if isinstance(v, dict) and isinstance(v.get("type"), str) and v["type"] != "function":
+            if is_hosted(v["type"]):
+                raise PydanticCustomError("hosted_tool", "'{kind}' forces a hosted tool, which this server does not "
+                                                         "run (hosted tools are left out of the prompt)",
+                                          {"kind": v["type"]})
             raise PydanticCustomError("built_in_tool", "'{kind}': only 'none', 'auto', 'required' or a function "
                                                        "({{\"type\": \"function\", \"name\": ...}})",
                                       {"kind": v["type"]})
@@ -214,8 +270,8 @@ class ResponsesRequest(_Lenient):
     @field_validator("tool_choice")
     @classmethod
     def _choice_names_a_tool(cls, choice: Any, info: ValidationInfo) -> Any:
-        offered = info.data.get("tools") or []
-        if isinstance(choice, NamedFunction) and not any(t.name == choice.name for t in offered):
+        offered = _functions(info.data.get("tools") or [])
+        if isinstance(choice, NamedFunction) and not any(t.name == choice.name for t, _ in offered):
             raise PydanticCustomError("tool_choice", "no function named '{name}' in 'tools'", {"name": choice.name})
         return choice
 
@@ -256,10 +312,11 @@ class ResponsesRequest(_Lenient):
     def chat_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"messages": self.chat_messages(), "stream": self.stream,
                                 "parallel_tool_calls": self.parallel_tool_calls}
-        if self.tools:
+        functions = _functions(self.tools or [])
+        if functions:
             body["tools"] = [{"type": "function", "function": {
                 "name": t.name, **({"description": t.description} if t.description is not None else {}),
-                **({"parameters": t.parameters} if t.parameters is not None else {})}} for t in self.tools]
+                **({"parameters": t.parameters} if t.parameters is not None else {})}} for t, _ in functions]
         choice = self.tool_choice
         if choice is not None:
             body["tool_choice"] = ({"type": "function", "function": {"name": choice.name}}
@@ -276,6 +333,26 @@ class ResponsesRequest(_Lenient):
         elif fmt is not None and fmt.type == "json_object":
             body["response_format"] = {"type": "json_object"}
         return body
+
+
+    def ignored_tools(self) -> list[str]:
+        """The hosted tools offered, by type: left out of the prompt."""
+        return [t.type for t in self.tools or [] if isinstance(t, HostedTool)]
+
+    def namespaces(self) -> dict[str, str]:
+        """Each namespaced function's namespace, by the function's name."""
+        return {t.name: ns for t, ns in _functions(self.tools or []) if ns is not None}
+
+
+def _functions(offered: list[Any]) -> list[tuple[FunctionTool, str | None]]:
+    """The function tools offered, namespaces flattened, each with its namespace (None: none)."""
+    out: list[tuple[FunctionTool, str | None]] = []
+    for t in offered:
+        if isinstance(t, FunctionTool):
+            out.append((t, None))
+        elif isinstance(t, NamespaceTool):
+            out += [(f, t.name) for f in t.tools]
+    return out
 
 
 # chat-completions field names in errors the chat path raises, as this API names them
@@ -306,9 +383,11 @@ def _message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]
             "content": [] if text is None else [_text_part(text)]}
 
 
-def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
+def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str,
+               namespace: str | None = None) -> dict[str, Any]:
+    item = {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
             "status": status}
+    return item if namespace is None else {**item, "namespace": namespace}
 
 
 @dataclass
@@ -351,14 +430,15 @@ class ResponseAnswer:
         output: list[dict[str, Any]] = []
         if text or not calls:
             output.append(_message_item(new_id("msg"), text, self._status(done)))
-        output += [_call_item(new_id("fc"), tools.new_call_id(), c.name, c.arguments, "completed") for c in calls]
+        spaces = self.body.namespaces()
+        output += [_call_item(new_id("fc"), tools.new_call_id(), c.name, c.arguments, "completed", spaces.get(c.name))
+                   for c in calls]
         return self.response(self._status(done), output, done)
 
     async def stream(self, events: AsyncIterator[answers.Event]) -> AsyncIterator[dict[str, str]]:
         seq = 0
         output: list[dict[str, Any]] = []  # the items so far, each as it stands
         open_item: dict[str, Any] | None = None
-        held = ""  # whitespace before any item: dropped if a call follows (as the whole answer drops it)
 
         def ev(kind: str, **fields: Any) -> dict[str, str]:
             nonlocal seq
@@ -411,8 +491,8 @@ class ResponseAnswer:
 
         yield ev("response.created", response=self.response("in_progress", []))
         yield ev("response.in_progress", response=self.response("in_progress", []))
-        n_calls = 0
-        async for x in answers.items(events, self.plan):
+        spaces = self.body.namespaces()
+        async for x in answers.blocks(events, self.plan):
             out: list[dict[str, str]] = []
             if isinstance(x, Finished):
                 if x.finish_reason == "error":
@@ -423,32 +503,16 @@ class ResponseAnswer:
                     yield ev("response.failed", response=failed)
                     return
                 status = self._status(x)
-                if not output or (held and not n_calls):
-                    if open_item is None or open_item["type"] != "message":
-                        out += begin(_message_item(new_id("msg"), "", "in_progress"))
-                    if held:
-                        out.append(text_delta(held))
                 out += close(status if open_item is not None and open_item["type"] == "message" else "completed")
                 kind = "response.incomplete" if status == "incomplete" else "response.completed"
                 out.append(ev(kind, response=self.response(status, output, x)))
-                for e in out:
-                    yield e
-                return
-            if isinstance(x, str):
-                if open_item is None or open_item["type"] != "message":
-                    if not (held + x).strip():
-                        held += x
-                        continue
-                    out += begin(_message_item(new_id("msg"), "", "in_progress"))
-                    x, held = held + x, ""
+            elif isinstance(x, answers.BlockStart):
+                out += begin(_message_item(new_id("msg"), "", "in_progress") if x.name is None else
+                             _call_item(new_id("fc"), tools.new_call_id(), x.name, "", "in_progress",
+                                        spaces.get(x.name)))
+            elif isinstance(x, str):
                 out.append(text_delta(x))
-            elif isinstance(x, tools.ArgsPart):
+            else:
                 out.append(args_delta(x.text))
-            else:  # a call: whole (ToolCall) or its start (CallStart)
-                held = ""
-                n_calls += 1
-                out += begin(_call_item(new_id("fc"), tools.new_call_id(), x.name, "", "in_progress"))
-                if isinstance(x, tools.ToolCall):
-                    out.append(args_delta(x.arguments))
             for e in out:
                 yield e

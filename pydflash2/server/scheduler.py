@@ -88,6 +88,8 @@ class GenerationRequest:
     deadline: float | None = None  # perf_counter time by which it ends (finish_reason "length")
     queue_deadline: float | None = None  # perf_counter time by which it must have a slot
     outcome: Finished | None = None  # its last event, once sent (the access log reads it)
+    # max_tokens as asked, where more than the context left after the prompt (max_tokens is then capped there)
+    max_tokens_asked: int | None = None
 
     def emit(self, event: str | Logprobs | Finished) -> None:
         """From the scheduler thread."""

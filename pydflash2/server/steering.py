@@ -156,7 +156,7 @@ def template_input(body: ChatCompletionRequest, template: Any) -> tuple[list[dic
     generic = uses_generic_format(body, template)
     if generic or (caps is not None and not caps.tool_calls and any(m.get("tool_calls") for m in messages)):
         defs = [t.function.model_dump(exclude_none=True) for t in body.tools or []]
-        return tools.generic_messages(messages, defs), {}
+        return tools.generic_messages(messages, defs, calls=bool(body.tools) and body.tool_choice != "none"), {}
     return messages, body.template_variables()
 
 

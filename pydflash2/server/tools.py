@@ -14,7 +14,8 @@ Formats (llama.cpp's names in brackets):
   generic format): the tools are described in the system turn and the whole
   answer is constrained by grammar to JSON, `{"tool_calls": [{"name": ...,
   "arguments": {...}}, ...]}` (`{"tool_call": {...}}` without parallel calls)
-  or `{"response": "..."}`, the reply to the user.
+  or `{"response": "..."}`, the reply to the user (with tool_choice auto the
+  grammar leaves the arguments any object).
 Text that does not parse as a call of a known tool stays content, as llama.cpp
 leaves it.
 """
@@ -184,7 +185,13 @@ def generic_schema(tools: list[dict[str, Any]], parallel: bool, required: bool) 
 
 
 def generic_grammar(tools: list[dict[str, Any]], parallel: bool, required: bool) -> str:
-    """GBNF of generic_schema (pydflash2.json_schema's converter). ValueError for parameters it cannot express."""
+    """GBNF of generic_schema (pydflash2.json_schema's converter). ValueError for parameters it cannot express.
+    Unless a call is required, a call's arguments are any JSON object, read as the model writes them (as auto
+    calls in the other formats are, which no grammar constrains): the grammar holds the answer's shape and the
+    tools' names, and the tools' schemas cost nothing (agents offer dozens, some the converter cannot take or
+    writes megabytes of grammar for, as Claude Code's maxLength 524288)."""
+    if not required:
+        tools = [{**t, "parameters": {"type": "object"}} for t in tools]
     for t in tools:
         json_schema.check_schema(t.get("parameters"), f"/{t['name']}")
     conv = json_schema.converter({"tool_calls": 0, "tool_call": 0, "response": 0, "name": 1, "arguments": 2})
@@ -192,12 +199,19 @@ def generic_grammar(tools: list[dict[str, Any]], parallel: bool, required: bool)
     return conv.format_grammar()
 
 
-def generic_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+# tool_choice "none" after calls (the history holds them): the answer is text, and the system turn says so
+PLAIN_INSTRUCTION = "No tools can be called now: reply to the user in plain text."
+
+
+def generic_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                     calls: bool = True) -> list[dict[str, Any]]:
     """A conversation for a template that knows nothing of tools, as llama.cpp's generic format
     (and minja's polyfills) shape it: the tools and the answer's form described in the system turn,
-    earlier calls as the JSON the model wrote, tool results as JSON in a user turn."""
+    earlier calls as the JSON the model wrote, tool results as JSON in a user turn. calls False
+    (tool_choice "none"): no tools described, and the system turn asks for plain text."""
     described = ("You can call any of the following tools to satisfy the user's requests: "
-                 + json.dumps(tools, ensure_ascii=False, indent=2) + "\n\n" + GENERIC_INSTRUCTION)
+                 + json.dumps(tools, ensure_ascii=False, indent=2) + "\n\n" + GENERIC_INSTRUCTION
+                 if calls else PLAIN_INSTRUCTION)
     out: list[dict[str, Any]] = []
     for m in messages:
         m = dict(m)
@@ -219,6 +233,76 @@ def generic_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]]
 
 
 _RESPONSE_HEAD = re.compile(r'\s*\{\s*"response"\s*:\s*"')
+# the heads of a generic answer, whitespace left out: a response, calls (parallel), a call; between calls
+_GENERIC_HEADS = ('{"response":"', '{"tool_calls":[{"name":"', '{"tool_call":{"name":"')
+_GENERIC_NEXT = '},{"name":"'
+_NAME = r'\{\s*"name"\s*:\s*"(?P<name>(?:[^"\\]|\\.)*)"'
+_GENERIC_CALL = re.compile(r'\s*\{\s*"(?P<key>tool_calls?)"\s*:\s*\[?\s*' + _NAME)
+_GENERIC_NEXT_CALL = re.compile(r'\s*\}\s*,\s*' + _NAME)
+_GENERIC_ARGS = re.compile(r'\s*,\s*"arguments"\s*:\s*(?=\S)')
+_WHITESPACE = re.compile(r"\s+")
+
+
+def _compact(text: str) -> str:
+    return _WHITESPACE.sub("", text)
+
+
+_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+_PLAIN = re.compile(r'[^"\\]+')
+
+
+def _string_prefix(body: str, final: bool) -> tuple[str, int, bool]:
+    """The text of the JSON string whose body (after its opening quote) begins `body`, as far as it can be
+    decoded: (text, characters used, whether the closing quote came). A half-written escape waits for the
+    rest (a high surrogate's escape for its low half, which may come in another piece); cut off there
+    (final), it is dropped. A lone surrogate becomes U+FFFD (text must be valid Unicode)."""
+    out: list[str] = []
+    i, n = 0, len(body)
+    while i < n:
+        c = body[i]
+        if c == '"':
+            return "".join(out), i + 1, True
+        if c != "\\":
+            m = _PLAIN.match(body, i)
+            assert m is not None
+            out.append(m.group())
+            i = m.end()
+            continue
+        if i + 1 >= n:
+            break
+        e = body[i + 1]
+        if e != "u":
+            out.append(_ESCAPES.get(e, e))  # (the grammar allows only JSON's escapes)
+            i += 2
+            continue
+        code = _hex4(body, i + 2)
+        if code is None:
+            if i + 6 > n:
+                break
+            out.append(body[i:i + 6])  # not an escape (no grammar): as written
+            i += 6
+            continue
+        if 0xD800 <= code < 0xDC00:  # a high surrogate: its low half's escape follows
+            low = _hex4(body, i + 8) if body.startswith("\\u", i + 6) else None
+            if low is None and not final and "\\u".startswith(body[i + 6:i + 8]) and i + 12 > n:
+                break
+            if low is not None and 0xDC00 <= low < 0xE000:
+                out.append(chr(0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)))
+                i += 12
+                continue
+            code = 0xFFFD
+        elif 0xDC00 <= code < 0xE000:
+            code = 0xFFFD
+        out.append(chr(code))
+        i += 6
+    return "".join(out), i, False
+
+
+def _hex4(text: str, at: int) -> int | None:
+    digits = text[at:at + 4]
+    if len(digits) < 4 or any(ch not in "0123456789abcdefABCDEF" for ch in digits):
+        return None
+    return int(digits, 16)
 
 
 def _cut_response(text: str) -> str:
@@ -233,6 +317,54 @@ def _cut_response(text: str) -> str:
         except ValueError:
             continue
     return ""
+
+
+def partial_object(text: str) -> dict[str, Any]:
+    """The JSON object `text` holds, or, cut off (max_tokens), what it holds so far: closed where it ends
+    (closing_suffix), else where it ends less a half-written escape, literal or key; {} when there is no
+    object."""
+    for trim in range(min(8, len(text)) + 1):
+        base = text[:len(text) - trim]
+        suffix = closing_suffix(base)
+        if suffix is not None:
+            value = json.loads(base + suffix, strict=False)
+            return value if isinstance(value, dict) else {}
+    return {}
+
+
+def closing_suffix(text: str) -> str | None:
+    """What closes JSON text cut off where it ends: "" when it is whole, else its open string (and, for a key,
+    a null value) and its open arrays and objects, so that text + suffix parses; None where no suffix can
+    (a trailing comma, a half-written escape or literal)."""
+    open_string, closers = _open_ends(text)
+    for suffix in ('"', '": null') if open_string else ("", "null", ": null"):
+        try:
+            json.loads(text + suffix + closers, strict=False)
+        except ValueError:
+            continue
+        return suffix + closers
+    return None
+
+
+def _open_ends(text: str) -> tuple[bool, str]:
+    """Whether JSON text ends inside a string, and what closes the arrays and objects open where it ends."""
+    stack: list[str] = []
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            stack.append("}" if ch == "{" else "]")
+        elif ch in "}]" and stack:
+            stack.pop()
+    return in_string, "".join(reversed(stack))
 
 
 def _as_object(arguments: Any) -> Any:
@@ -270,8 +402,10 @@ class ToolCallStream:
     """Splits an answer, piece by piece, into content and tool calls. Content that
     may still turn out to be a call is held back until it is known. push() and
     finish() return what can be released: str (content), ToolCall (a whole call),
-    or, for Hermes calls that name the tool first, CallStart then ArgsPart pieces
-    as the arguments are generated (the pieces concatenate to the arguments).
+    or, for Hermes calls that name the tool first and generic-format calls,
+    CallStart then ArgsPart pieces as the arguments are generated (the pieces
+    concatenate to the arguments). A generic-format response's text is released
+    as it is decoded (its JSON string unescaped piece by piece).
 
     A call's markup never reaches the content: a call cut off by max_tokens ends
     with the arguments written so far (or, cut before its name, is dropped), and
@@ -283,6 +417,10 @@ class ToolCallStream:
         self._n_calls = 0
         self._seen_content = False
         self._args_sent: int | None = None  # a streamed call is open: its arguments so far are _buf; sent of them
+        # the generic format: "head" (not yet known), "response" (its string), "after_call" (a call's arguments
+        # ended), "end", "text" (no JSON: content), "whole" (JSON of another shape: read at the end)
+        self._g = "head"
+        self._single: bool | None = None  # the generic answer's form: {"tool_call": ...} or {"tool_calls": [...]}
 
     def push(self, piece: str) -> list[Item]:
         self._buf += piece
@@ -294,26 +432,110 @@ class ToolCallStream:
     def _arguments(self, final: bool) -> tuple[str, bool]:
         """The open call's next arguments piece, and whether the call has ended (_buf then holds what follows)."""
         region, sent = self._buf, self._args_sent or 0
-        marker = "</tool_call>"
+        marker = "</tool_call>" if self.fmt is HERMES else ""  # generic: the call's object closes after the value
         try:
             _, end = _JSON.raw_decode(region)
         except ValueError:  # incomplete (every character so far is the value's) or broken
-            at = region.find(marker)
+            at = region.find(marker) if marker else -1
             if at >= 0:  # broken: the call ends at its closing tag, arguments as written
                 self._buf = region[at + len(marker):]
                 return region[sent:at], True
             if final:  # cut off: the arguments written so far
                 self._buf = ""
                 return region[sent:], True
-            keep = _partial_suffix(region, marker)
+            keep = _partial_suffix(region, marker) if marker else 0
             self._args_sent = max(sent, len(region) - keep)
             return region[sent:self._args_sent], False
+        if not marker:
+            self._buf = region[end:]
+            return region[sent:end], True
         at = region.find(marker, end)
         if at >= 0 or final:  # what follows the value up to the closing tag ("}\n") is markup
             self._buf = region[at + len(marker):] if at >= 0 else ""
             return region[sent:end], True
         self._args_sent = end
         return region[sent:end], False
+
+    def _generic(self, out: list[Item], final: bool) -> bool:
+        """One move of a generic-format answer's reading (its state in _g); False: wait for more text."""
+        buf, state = self._buf, self._g
+        if state == "head":  # which answer this is: wait until the JSON's head says it
+            compact = _compact(buf)
+            if compact and compact[0] != "{":  # not JSON at all (a model without the grammar): content
+                self._g = "text"
+                return True
+            head = next((h for h in _GENERIC_HEADS if compact.startswith(h)), None)
+            if head is None:
+                if not final and any(h.startswith(compact) for h in _GENERIC_HEADS):
+                    return False
+                self._g = "whole"
+                return True
+            if head == _GENERIC_HEADS[0]:
+                m = _RESPONSE_HEAD.match(buf)
+                if m is None:
+                    self._g = "whole"
+                    return True
+                self._buf, self._g = buf[m.end():], "response"
+                return True
+            return self._generic_call(_GENERIC_CALL.match(buf), out, final, first=True)
+        if state == "response":  # the response's JSON string, decoded as it comes
+            text, used, closed = _string_prefix(buf, final)
+            if text:
+                out.append(text)
+            self._buf = buf[used:]
+            if closed or final:
+                self._buf, self._g = "", "end"
+                return False
+            return False
+        if state == "after_call":  # the next call, or the end of the answer
+            compact = _compact(buf)
+            if compact.startswith(_GENERIC_NEXT):
+                if not (self.parallel and self._single is False):  # one call only: the rest is dropped
+                    self._buf, self._g = "", "end"
+                    return False
+                return self._generic_call(_GENERIC_NEXT_CALL.match(buf), out, final, first=False)
+            if not final and _GENERIC_NEXT.startswith(compact):
+                return False
+            self._buf, self._g = "", "end"
+            return False
+        if state == "text":
+            out.append(buf)
+            self._buf = ""
+            return False
+        if state == "whole":  # JSON of another shape: read at the end
+            if final:
+                parsed = parse_generic(buf, self.tools, self.parallel)
+                if parsed is None:  # not an answer of this format: a response cut off, or content
+                    out.append(_cut_response(buf) if buf.lstrip().startswith("{") else buf)
+                else:
+                    out.extend([parsed[0], *parsed[1]])
+                self._buf = ""
+            return False
+        self._buf = ""  # "end": what follows the answer's JSON is markup
+        return False
+
+    def _generic_call(self, m: re.Match[str] | None, out: list[Item], final: bool, first: bool) -> bool:
+        """A generic-format call's head (m: up to its name's string): its CallStart once the arguments begin."""
+        if m is None:  # the name not written out yet; cut off there: dropped
+            if final:
+                self._buf, self._g = "", "end"
+            return False
+        name = _json_string(m.group("name"))
+        if name not in self.tools:  # (the grammar allows only these)
+            self._g = "whole" if first else "end"
+            return True
+        if first:
+            self._single = m.group("key") == "tool_call"
+        tail = _GENERIC_ARGS.match(self._buf, m.end())
+        if tail is None:
+            if final:  # cut off with its name complete: a call without arguments
+                out.append(ToolCall(name, "{}"))
+                self._n_calls += 1
+                self._buf, self._g = "", "end"
+            return False
+        out.append(CallStart(name))
+        self._buf, self._g, self._args_sent = self._buf[tail.end():], "after_call", 0
+        return True
 
     def _drain(self, final: bool) -> list[Item]:
         out: list[Item] = []
@@ -328,15 +550,10 @@ class ToolCallStream:
                 self._args_sent = None
                 self._n_calls += 1
                 continue
-            if fmt is GENERIC:  # the whole answer is one JSON object: read at the end
-                if final:
-                    parsed = parse_generic(self._buf, self.tools, self.parallel)
-                    if parsed is None:  # cut off (max_tokens): the response so far; a call's markup is dropped
-                        out.append(_cut_response(self._buf) if self._buf.lstrip().startswith("{") else self._buf)
-                    else:
-                        out.extend([parsed[0], *parsed[1]])
-                    self._buf = ""
-                break
+            if fmt is GENERIC:  # the whole answer is one JSON object: its response or its calls, as they come
+                if not self._generic(out, final):
+                    break
+                continue
             if not fmt.start:  # llama3: the whole answer is a call, or none of it is
                 head = self._buf.lstrip()
                 if self._seen_content or not (head.startswith("{") or head.startswith("<|python_tag|>")
