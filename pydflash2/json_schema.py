@@ -21,7 +21,7 @@ import math
 import re
 from typing import Any
 
-from llama_cpp.llama_grammar import PRIMITIVE_RULES, RESERVED_NAMES, STRING_FORMAT_RULES, BuiltinRule
+from llama_cpp.llama_grammar import PRIMITIVE_RULES, RESERVED_NAMES, STRING_FORMAT_RULES, BuiltinRule, _build_repetition
 from llama_cpp.llama_grammar import SchemaConverter as _LlamaSchemaConverter
 
 from . import grammar_limits
@@ -289,12 +289,24 @@ class SchemaConverter(_LlamaSchemaConverter):
             items = True
             schema = {**schema, "items": items}
         if isinstance(prefix, list) and prefix and (items is True or isinstance(items, dict)):
-            # 2020-12: items is the schema of the elements after prefixItems (the base class took it for all)
+            # 2020-12: items is the schema of the elements after prefixItems (the base class took it for all):
+            # every prefix element, then as many more as minItems / maxItems allow
+            lo, hi = schema.get("minItems", 0), schema.get("maxItems")
+            if hi is not None and hi < len(prefix):
+                raise ValueError(f"maxItems {hi} is below the {len(prefix)} prefixItems (not supported)")
             sep = "-" if name else ""
             head = ' "," space '.join(self.visit(s, f"{name}{sep}tuple-{i}") for i, s in enumerate(prefix))
             tail = self.visit(items, f"{name}{sep}item")
-            return self._add_rule(rule_name, f'"[" space {head} ("," space {tail})* "]" space')
+            more = _build_repetition(f'("," space {tail})', max(0, lo - len(prefix)),
+                                     None if hi is None else hi - len(prefix))
+            return self._add_rule(rule_name, f'"[" space {head} {more} "]" space')
         return super().visit(schema, name)
+
+    def _format_literal(self, literal: str) -> str:
+        # backslashes too, as llama.cpp's converter escapes them: 0.3.36 left them, so a const "a\nb"
+        # (JSON text "a\\nb") wrote a raw newline, and one holding a quote ended the GBNF literal early
+        escaped = literal.replace("\\", "\\\\").replace("\r", "\\r").replace("\n", "\\n").replace('"', '\\"')
+        return f'"{escaped}"'
 
     def _add_primitive(self, name: str, rule: BuiltinRule) -> str:
         # the base class reads llama_cpp's own table (its `char` lets control characters in): ours instead

@@ -321,27 +321,31 @@ def test_type_less_true_and_empty_schemas_are_any_value(probe: GrammarProbe, sch
             llama_cpp.llama_sampler_free(sampler)
 
 
-@pytest.mark.parametrize("schema, texts", [
-    ({"minimum": 3, "maximum": 5}, ["3", "5"]),  # bounds imply an integer, as llama.cpp's converter reads them
-    ({"maxLength": 2}, ['"ab"']),
-    ({"minItems": 1, "maxItems": 2}, ['[1, "a"]']),
-    ({"type": "array", "items": {}}, ['[1, "a", null]']),
-    ({"prefixItems": [{"type": "integer"}], "items": {"type": "string"}}, ["[1]", '[1, "a", "b"]']),
-    ({"prefixItems": [{"type": "integer"}], "items": False}, ["[1]"]),
-    ({"type": "object", "properties": {"a": True}, "additionalProperties": False}, ['{"a": [1]}', "{}"]),
+@pytest.mark.parametrize("schema, good, bad", [
+    ({"minimum": 3, "maximum": 5}, ["3", "5"], ["6", '"a"']),  # bounds imply an integer, as llama.cpp reads them
+    ({"maxLength": 2}, ['"ab"'], ['"abc"']),
+    ({"minItems": 1, "maxItems": 2}, ['[1, "a"]'], ["[]", "[1, 2, 3]"]),
+    ({"type": "array", "items": {}}, ['[1, "a", null]'], ["[1,]"]),
+    ({"prefixItems": [{"type": "integer"}], "items": {"type": "string"}}, ["[1]", '[1, "a", "b"]'], ['["a"]']),
+    ({"prefixItems": [{"type": "integer"}], "items": {"type": "string"}, "maxItems": 2}, ['[1, "a"]'],
+     ['[1, "a", "b"]', "[1, 2]"]),
+    ({"prefixItems": [{"type": "integer"}], "items": False}, ["[1]"], ["[1, 2]"]),
+    ({"type": "object", "properties": {"a": True}, "additionalProperties": False}, ['{"a": [1]}', "{}"], ['{"b": 1}']),
     ({"allOf": [True, {"$ref": "#/$defs/C"}], "description": "a colour", "$defs": {"C": {"enum": ["r", "g"]}}},
-     ['"r"']),
-], ids=["bounds", "maxLength", "item-counts", "items-any", "prefix-then-items", "closed-tuple", "true-property",
-        "allOf-one-ref"])
-def test_type_less_keywords_and_bool_subschemas(probe: GrammarProbe, schema: dict, texts: list[str]) -> None:
+     ['"r"'], ['"b"', "{}"]),
+], ids=["bounds", "maxLength", "item-counts", "items-any", "prefix-then-items", "prefix-then-items-max",
+        "closed-tuple", "true-property", "allOf-one-ref"])
+def test_type_less_keywords_and_bool_subschemas(probe: GrammarProbe, schema: dict, good: list[str],
+                                                bad: list[str]) -> None:
     sampler = probe.sampler(json_schema_grammar(schema))
     try:
-        for text in texts:
+        for text in good:
             assert probe.accepts(sampler, text), (schema, text)
             jsonschema.validate(json.loads(text), schema)
+        for text in bad:
+            assert not probe.accepts(sampler, text), (schema, text)
     finally:
         llama_cpp.llama_sampler_free(sampler)
-    assert not probe.accepts(probe.sampler(json_schema_grammar({"minimum": 3, "maximum": 5})), "6")
 
 
 @pytest.mark.parametrize("schema, where", [
@@ -382,3 +386,20 @@ def test_bool_subschemas_give_a_grammar_or_a_named_refusal(probe: GrammarProbe, 
         assert "is false" in str(e) or "allOf" in json.dumps(schema), str(e)
         return
     llama_cpp.llama_sampler_free(probe.sampler(grammar))
+
+
+@pytest.mark.parametrize("value", ["line\nbreak", 'say "hi"', "back\\slash", "tab\there", {"k\"ey": ["a\\\n"]}],
+                         ids=["newline", "quote", "backslash", "tab", "nested"])
+def test_consts_enums_and_names_are_written_as_json_writes_them(probe: GrammarProbe, value: object) -> None:
+    # the literal is the value's JSON text, backslashes escaped in GBNF (0.3.36 left them: a newline came out
+    # raw, a quote ended the literal and llama.cpp refused the grammar)
+    text = json.dumps(value)
+    for schema in ({"const": value}, {"enum": [value, 1]},
+                   {"type": "object", "properties": {text: {"const": 1}}, "required": [text]}):
+        sampler = probe.sampler(json_schema_grammar(schema))
+        try:
+            sentence = text if "properties" not in schema else json.dumps({text: 1})
+            assert probe.accepts(sampler, sentence), (schema, sentence)
+            assert not probe.accepts(sampler, sentence.replace("\\n", "\n")) or "\\n" not in sentence
+        finally:
+            llama_cpp.llama_sampler_free(sampler)
