@@ -282,15 +282,17 @@ def test_strings_hold_no_raw_control_characters(probe: GrammarProbe, schema: obj
 
 
 def test_keys_and_tool_call_arguments_hold_no_raw_control_characters(probe: GrammarProbe) -> None:
-    # the other strings the converter writes: an object's free keys, and a forced call's arguments
-    from pydflash2.server import tools
+    # the other strings the server's grammars hold: an object's free keys, a forced call's arguments, the
+    # generic format's response, and json_object's (llama-cpp-python's JSON_GBNF, already as llama.cpp writes it)
+    from pydflash2.server import grammars, tools
 
     params = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]}
     cases = [(json_schema_grammar({"type": "object", "additionalProperties": {"type": "integer"}}), '{"k%s": 1}'),
              (tools.HERMES.grammar([{"name": "w", "parameters": params}], False),
               '<tool_call>\n{"name": "w", "arguments": {"s": "a%sb"}}\n</tool_call>'),
              (tools.generic_grammar([{"name": "w", "parameters": params}], False, required=False),
-              '{"response": "a%sb"}')]
+              '{"response": "a%sb"}'),
+             (grammars.response_format_grammar({"type": "json_object"}), '{"k": "a%sb"}')]
     for grammar, text in cases:
         sampler = probe.sampler(grammar)
         try:
