@@ -12,6 +12,12 @@ construct, not upstream's code). On a `number` the bounds are accepted and not e
 as in llama.cpp's converter (it has no rules for them): the client validates. A `type` list
 keeps the schema's other keywords in each alternative, as llama.cpp's converter does (0.3.36
 dropped them, bounds included, from `{"type": ["integer", "null"], "minimum": 1}`).
+
+Beyond 0.3.36, as JSON Schema and llama.cpp's converter read them (issue 58): strings use llama.cpp's
+JSON character (no raw control characters); `true`, `{}` and a schema of annotations only are any
+JSON value, and `false` is refused by place (check_schema); a type-less schema with one type's own
+keywords is that type; `prefixItems` then `items` as 2020-12 defines them; literals escape their
+backslashes; a `pattern` writes only what a JSON string may hold raw.
 """
 
 from __future__ import annotations
@@ -262,7 +268,8 @@ class SchemaConverter(_LlamaSchemaConverter):
         if isinstance(schema.get("allOf"), list):
             parts = [s for s in schema["allOf"] if s is not True]  # `true` constrains nothing
             rest = {k: v for k, v in schema.items() if k != "allOf"}
-            if len(parts) == 1 and "properties" not in rest:  # pydantic v1's allOf: [{$ref}] beside a description
+            if len(parts) == 1 and not any(k in rest for k in ("properties", "anyOf", "oneOf")):
+                # pydantic v1's allOf: [{$ref}] beside a description
                 rest["anyOf"] = parts
             elif parts:
                 rest["allOf"] = parts
@@ -328,10 +335,11 @@ def converter(prop_order: dict[str, int] | None = None) -> SchemaConverter:
 
 
 def json_schema_grammar(schema: Any, limits: GrammarLimits = DEFAULT_LIMITS) -> str:
-    """GBNF (root rule `root`) whose sentences are JSON values valid under `schema`, as the
-    server builds it for `response_format`; usable as the Python API's `grammar`. ValueError
-    for a schema past `limits` (grammar_limits.LimitError), with a keyword the converter cannot
-    enforce (UNSUPPORTED), or that it cannot turn into a grammar."""
+    """GBNF (root rule `root`) whose sentences are JSON values valid under `schema` (a dict, or
+    `true`: any value), as the server builds it for `response_format`; usable as the Python API's
+    `grammar`. ValueError for `false` (at the root or inside, named by its place), for a schema
+    past `limits` (grammar_limits.LimitError), with a keyword the converter cannot enforce
+    (UNSUPPORTED), or that it cannot turn into a grammar."""
     if schema is True:  # JSON Schema's "any value"
         schema = {}
     if schema is False:
