@@ -4,7 +4,9 @@ drafter: for random JSON schemas (pydflash2_testing.structured: objects, arrays,
 integer bounds, nullable, type-less and `true` subschemas), every finished answer of chat
 `response_format`, a forced tool call, Anthropic Messages' `output_config` and Responses'
 `text.format` parses (json.loads, strict) and validates (jsonschema), sampled at temperature 2 over
-the whole vocabulary; and the schemas issue 58 saw refused are served, `false` refused by place."""
+the whole vocabulary (a length bound on a string holding invalid UTF-8, which llama.cpp's grammar
+counts its own way, excepted: Answer.verdict's "utf8"); and the schemas issue 58 saw refused are
+served, `false` refused by place."""
 
 from __future__ import annotations
 
