@@ -405,3 +405,23 @@ def test_consts_enums_and_names_are_written_as_json_writes_them(probe: GrammarPr
             assert not probe.accepts(sampler, sentence.replace("\\n", "\n")) or "\\n" not in sentence
         finally:
             llama_cpp.llama_sampler_free(sampler)
+
+
+def test_claude_codes_type_less_tool_through_the_generic_format(probe: GrammarProbe) -> None:
+    # issue 58's refusal: on a template without a tool format (SmolLM2's) tools go through the generic
+    # format's grammar even with tool_choice auto, and a property with only a description was
+    # "Unrecognized schema"; it is any value, the arguments stay an object
+    from pydflash2.server import tools
+
+    params = {"type": "object", "properties": {"name": {"type": "string"},
+                                               "input": {"description": "Optional input value"}},
+              "required": ["name"], "additionalProperties": False, "$schema": "http://json-schema.org/draft-07/schema#"}
+    sampler = probe.sampler(tools.generic_grammar([{"name": "Workflow", "parameters": params}], True, required=False))
+    try:
+        for value in ('[1, "x"]', '{"k": null}', '"text"', "2.5"):
+            assert probe.accepts(sampler, '{"tool_calls": [{"name": "Workflow", "arguments": {"name": "a", "input": '
+                                          f'{value}}}}}]}}'), value
+        assert probe.accepts(sampler, '{"response": "hi"}')
+        assert not probe.accepts(sampler, '{"tool_calls": [{"name": "Workflow", "arguments": 3}]}')
+    finally:
+        llama_cpp.llama_sampler_free(sampler)
