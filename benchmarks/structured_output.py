@@ -64,7 +64,9 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _stop_all_and_exit)
 
     schemas = [structured.random_schema(random.Random(args.seed * 100_003 + i)) for i in range(args.schemas)]
-    jobs = [(schemas[i % len(schemas)], structured.KINDS[(i // len(schemas)) % len(structured.KINDS)], args.seed + i)
+    # every path in turn, each over the schemas in turn
+    n_kinds = len(structured.KINDS)
+    jobs = [(schemas[(i // n_kinds) % len(schemas)], structured.KINDS[i % n_kinds], args.seed + i)
             for i in range(args.samples)]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
