@@ -12,15 +12,22 @@ construct, not upstream's code). On a `number` the bounds are accepted and not e
 as in llama.cpp's converter (it has no rules for them): the client validates. A `type` list
 keeps the schema's other keywords in each alternative, as llama.cpp's converter does (0.3.36
 dropped them, bounds included, from `{"type": ["integer", "null"], "minimum": 1}`).
+
+Beyond 0.3.36, as JSON Schema and llama.cpp's converter read them (issue 58): strings use llama.cpp's
+JSON character (no raw control characters); `true`, `{}` and a schema of annotations only are any
+JSON value, and `false` is refused by place (check_schema); a type-less schema with one type's own
+keywords is that type; `prefixItems` then `items` as 2020-12 defines them; literals escape their
+backslashes; a `pattern` writes only what a JSON string may hold raw.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
-from llama_cpp.llama_grammar import RESERVED_NAMES
+from llama_cpp.llama_grammar import PRIMITIVE_RULES, RESERVED_NAMES, STRING_FORMAT_RULES, BuiltinRule, _build_repetition
 from llama_cpp.llama_grammar import SchemaConverter as _LlamaSchemaConverter
 
 from . import grammar_limits
@@ -40,12 +47,15 @@ MAX_BOUND_DIGITS = 100
 # keywords whose values are schemas, or maps / lists of schemas
 _SUBSCHEMA = ("items", "additionalProperties", "additionalItems")
 _SCHEMA_MAPS = ("properties", "$defs", "definitions")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")  # items: a list in draft 7 tuples
 
 
 def check_schema(schema: Any, path: str = "") -> None:
-    """ValueError naming the first constraint the converter would drop, or a numeric bound that
-    is not a number."""
+    """ValueError naming the first constraint the converter would drop, a numeric bound that
+    is not a number, or a `false` subschema (no value satisfies it) where it is not a closing
+    keyword (additionalProperties, additionalItems, items beside prefixItems)."""
+    if schema is False:
+        raise ValueError(f"the schema at {path or '/'} is false: no value satisfies it")
     if not isinstance(schema, dict):
         return
     for key in UNSUPPORTED:
@@ -61,7 +71,10 @@ def check_schema(schema: Any, path: str = "") -> None:
     if (kind == "integer" or (isinstance(kind, list) and "integer" in kind)) and any(k in schema for k in BOUNDS):
         integer_bounds(schema, path)  # an empty or too long range is a ValueError here, named by its place
     for key in _SUBSCHEMA:
-        check_schema(schema.get(key), f"{path}/{key}")
+        sub = schema.get(key)
+        closes = key != "items" or "prefixItems" in schema  # false there forbids what is not listed
+        if not (sub is False and closes):
+            check_schema(sub, f"{path}/{key}")
     for key in _SCHEMA_MAPS:
         sub = schema.get(key)
         if isinstance(sub, dict):
@@ -187,22 +200,132 @@ def _digit_class(first: str, last: str) -> str:
     return f"[{first}]" if first == last else f"[{first}-{last}]"
 
 
-class SchemaConverter(_LlamaSchemaConverter):
-    """llama-cpp-python's SchemaConverter with integer ranges and `type` lists that keep the
-    schema's other keywords (see the module's doc)."""
+# A JSON string's character as llama.cpp's own converter writes it: no raw control characters,
+# which JSON forbids in strings (0.3.36's `[^"\\]` let newlines in at high temperature).
+JSON_CHAR = r'[^"\\\x7F\x00-\x1F] | [\\] (["\\bfnrt] | "u" [0-9a-fA-F]{4})'
+_PRIMITIVES = {**PRIMITIVE_RULES, "char": BuiltinRule(JSON_CHAR, [])}
+# what a pattern's "any character" may write inside a JSON string (regex class members)
+_PATTERN_ANY = r'^"\\\x00-\x1F\x7F'
 
-    def visit(self, schema: dict[str, Any], name: str) -> str:
+# keywords the base class builds a rule from when there is no `type` (its visit's branches)
+_SHAPING = ("$ref", "anyOf", "oneOf", "const", "enum", "properties", "allOf", "items", "prefixItems", "pattern")
+# a type-less schema with one type's own keywords is generated as that type (llama.cpp's converter
+# does so for bounds): a subset of what it allows, all of it valid
+_IMPLIED = (("integer", BOUNDS), ("string", ("minLength", "maxLength")), ("array", ("minItems", "maxItems")))
+
+
+def _shaped(schema: dict[str, Any]) -> bool:
+    """Whether the base class writes a rule for this type-less schema (else it says 'Unrecognized schema')."""
+    fmt = schema.get("format")
+    known_format = isinstance(fmt, str) and (re.match(r"^uuid[1-5]?$", fmt) is not None
+                                             or f"{fmt}-string" in STRING_FORMAT_RULES)
+    return any(k in schema for k in _SHAPING) or schema.get("additionalProperties", True) is not True or known_format
+
+
+def json_safe_pattern(pattern: str) -> str:
+    """A `pattern` whose every match the converter writes as a valid JSON string body: `.` and negated
+    classes leave out what a JSON string must escape; ValueError for what would write it raw (a
+    quote, a backslash, a control character)."""
+    out: list[str] = []
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            if pattern[i + 1] in '\\"ntrfv0xuU':
+                raise ValueError(f"pattern {pattern!r}: the escape {pattern[i:i + 2]!r} would write a character a "
+                                 "JSON string must escape (not supported)")
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if c == '"' or ord(c) < 0x20 or c == "\x7f":
+            raise ValueError(f"pattern {pattern!r}: {c!r} would be written raw inside a JSON string (not supported)")
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            if pattern.startswith("[^", i):
+                out.append("[" + _PATTERN_ANY)
+                i += 2
+                continue
+        elif c == ".":
+            c = f"[{_PATTERN_ANY}]"
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+class SchemaConverter(_LlamaSchemaConverter):
+    """llama-cpp-python's SchemaConverter with integer ranges, `type` lists that keep the
+    schema's other keywords (see the module's doc), JSON Schema's reading of `true`, `{}` and
+    type-less schemas (any value), and llama.cpp's JSON string character."""
+
+    def visit(self, schema: Any, name: str) -> str:
+        if schema is True:  # any value; `false` is refused before (check_schema)
+            schema = {}
+        if not isinstance(schema, dict):
+            return super().visit(schema, name)
+        rule_name = name + "-" if name in RESERVED_NAMES else name or "root"
+        if isinstance(schema.get("allOf"), list):
+            parts = [s for s in schema["allOf"] if s is not True]  # `true` constrains nothing
+            rest = {k: v for k, v in schema.items() if k != "allOf"}
+            if len(parts) == 1 and not any(k in rest for k in ("properties", "anyOf", "oneOf")):
+                # pydantic v1's allOf: [{$ref}] beside a description
+                rest["anyOf"] = parts
+            elif parts:
+                rest["allOf"] = parts
+            schema = rest
         # the base class's precedence: $ref, then anyOf / oneOf, come before the type
-        if isinstance(schema, dict) and not any(k in schema for k in ("$ref", "anyOf", "oneOf")):
-            kind = schema.get("type")
-            rule_name = name + "-" if name in RESERVED_NAMES else name or "root"
-            if isinstance(kind, list):
-                return self._add_rule(rule_name, self._generate_union_rule(name, [{**schema, "type": t} for t in kind]))
-            if kind == "integer" and "const" not in schema and "enum" not in schema and \
-                    any(k in schema for k in BOUNDS):
-                lo, hi = integer_bounds(schema)
-                return self._add_rule(rule_name, f"({integer_range_gbnf(lo, hi)}) space")
+        if any(k in schema for k in ("$ref", "anyOf", "oneOf")):
+            return super().visit(schema, name)
+        kind = schema.get("type")
+        if kind is None and not _shaped(schema):
+            kind = next((t for t, keys in _IMPLIED if any(k in schema for k in keys)), None)
+            if kind is None:  # annotations only, or {}: any JSON value (zod's z.any().describe())
+                return self._add_rule(rule_name, self._add_primitive("value", PRIMITIVE_RULES["value"]))
+            schema = {**schema, "type": kind}
+        if isinstance(kind, list):
+            return self._add_rule(rule_name, self._generate_union_rule(name, [{**schema, "type": t} for t in kind]))
+        if kind == "integer" and "const" not in schema and "enum" not in schema and any(k in schema for k in BOUNDS):
+            lo, hi = integer_bounds(schema)
+            return self._add_rule(rule_name, f"({integer_range_gbnf(lo, hi)}) space")
+        items, prefix = schema.get("items"), schema.get("prefixItems")
+        if items == {} or (kind == "array" and items is None and prefix is None
+                           and ("minItems" in schema or "maxItems" in schema)):
+            # items of any value: the base class's bare `array` would drop the counts, and it reads
+            # prefixItems (a KeyError) where items is the falsy {}
+            items = True
+            schema = {**schema, "items": items}
+        if isinstance(prefix, list) and prefix and (items is True or isinstance(items, dict)):
+            # 2020-12: items is the schema of the elements after prefixItems (the base class took it for all):
+            # every prefix element, then as many more as minItems / maxItems allow
+            lo, hi = schema.get("minItems", 0), schema.get("maxItems")
+            if hi is not None and hi < len(prefix):
+                raise ValueError(f"maxItems {hi} is below the {len(prefix)} prefixItems (not supported)")
+            sep = "-" if name else ""
+            head = ' "," space '.join(self.visit(s, f"{name}{sep}tuple-{i}") for i, s in enumerate(prefix))
+            tail = self.visit(items, f"{name}{sep}item")
+            more = _build_repetition(f'("," space {tail})', max(0, lo - len(prefix)),
+                                     None if hi is None else hi - len(prefix))
+            return self._add_rule(rule_name, f'"[" space {head} {more} "]" space')
         return super().visit(schema, name)
+
+    def _format_literal(self, literal: str) -> str:
+        # backslashes too, as llama.cpp's converter escapes them: 0.3.36 left them, so a const "a\nb"
+        # (JSON text "a\\nb") wrote a raw newline, and one holding a quote ended the GBNF literal early
+        escaped = literal.replace("\\", "\\\\").replace("\r", "\\r").replace("\n", "\\n").replace('"', '\\"')
+        return f'"{escaped}"'
+
+    def _add_primitive(self, name: str, rule: BuiltinRule) -> str:
+        # the base class reads llama_cpp's own table (its `char` lets control characters in): ours instead
+        rule = _PRIMITIVES["char"] if rule is PRIMITIVE_RULES["char"] else rule
+        key = self._add_rule(name, rule.content)
+        for dep in rule.deps:
+            if dep not in self._rules:
+                self._add_primitive(dep, _PRIMITIVES.get(dep) or STRING_FORMAT_RULES[dep])
+        return key
+
+    def _visit_pattern(self, pattern: str, name: str) -> str:
+        return super()._visit_pattern(pattern if self._raw_pattern else json_safe_pattern(pattern), name)
 
 
 def converter(prop_order: dict[str, int] | None = None) -> SchemaConverter:
@@ -212,12 +335,17 @@ def converter(prop_order: dict[str, int] | None = None) -> SchemaConverter:
 
 
 def json_schema_grammar(schema: Any, limits: GrammarLimits = DEFAULT_LIMITS) -> str:
-    """GBNF (root rule `root`) whose sentences are JSON values valid under `schema`, as the
-    server builds it for `response_format`; usable as the Python API's `grammar`. ValueError
-    for a schema past `limits` (grammar_limits.LimitError), with a keyword the converter cannot
-    enforce (UNSUPPORTED), or that it cannot turn into a grammar."""
-    if isinstance(schema, bool) or not isinstance(schema, dict):
-        raise ValueError("the JSON schema must be an object")
+    """GBNF (root rule `root`) whose sentences are JSON values valid under `schema` (a dict, or
+    `true`: any value), as the server builds it for `response_format`; usable as the Python API's
+    `grammar`. ValueError for `false` (at the root or inside, named by its place), for a schema
+    past `limits` (grammar_limits.LimitError), with a keyword the converter cannot enforce
+    (UNSUPPORTED), or that it cannot turn into a grammar."""
+    if schema is True:  # JSON Schema's "any value"
+        schema = {}
+    if schema is False:
+        check_schema(schema)  # raises: "no value" is refused, named
+    if not isinstance(schema, dict):
+        raise ValueError("the JSON schema must be an object or a boolean")
     grammar_limits.check_schema(schema, limits)  # before the converter's recursion and llama.cpp's
     check_schema(schema)
     try:

@@ -258,3 +258,170 @@ def test_python_api_grammar_from_a_schema(target_gguf: Path) -> None:
             out = spec.generate("Hello", max_tokens=8, temperature=1.0, seed=seed, grammar=grammar, chat=False)
             assert out.finish_reason == "eos", out.text  # the grammar ended it
             assert -17 <= json.loads(out.text) <= -3, out.text
+
+
+# ---------------------------------------------------------------- issue 58: strings, `true`, `false`, type-less
+
+STRING_SCHEMAS = [{"type": "string"}, {"type": "string", "maxLength": 8}, {"type": "string", "minLength": 1},
+                  {"type": "string", "pattern": "^.+$"}, {"type": "string", "pattern": "^[^x]+$"}, True]
+
+
+@pytest.mark.parametrize("schema", STRING_SCHEMAS, ids=["plain", "maxLength", "minLength", "dot", "negated", "true"])
+def test_strings_hold_no_raw_control_characters(probe: GrammarProbe, schema: object) -> None:
+    # JSON forbids U+0000..U+001F raw in strings: llama.cpp's converter's `char` leaves them out (0.3.36's
+    # `[^"\\]` let a raw newline in, and json.loads refused the answer); escaped they are fine
+    sampler = probe.sampler(json_schema_grammar(schema))
+    try:
+        assert probe.accepts(sampler, '"ab"')
+        for raw in ("\n", "\t", "\r", "\x01", "\x1f", '"', "\\q"):  # \q: no JSON escape
+            assert not probe.accepts(sampler, f'"a{raw}b"'), (schema, raw)
+        if schema is True or "pattern" not in schema:  # a pattern's '.' matches one character, not an escape
+            assert probe.accepts(sampler, '"a\\nb\\t\\u00e9\\"\\\\"')
+    finally:
+        llama_cpp.llama_sampler_free(sampler)
+
+
+def test_keys_and_tool_call_arguments_hold_no_raw_control_characters(probe: GrammarProbe) -> None:
+    # the other strings the server's grammars hold: an object's free keys, a forced call's arguments, the
+    # generic format's response, and json_object's (llama-cpp-python's JSON_GBNF, already as llama.cpp writes it)
+    from pydflash2.server import grammars, tools
+
+    params = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]}
+    cases = [(json_schema_grammar({"type": "object", "additionalProperties": {"type": "integer"}}), '{"k%s": 1}'),
+             (tools.HERMES.grammar([{"name": "w", "parameters": params}], False),
+              '<tool_call>\n{"name": "w", "arguments": {"s": "a%sb"}}\n</tool_call>'),
+             (tools.generic_grammar([{"name": "w", "parameters": params}], False, required=False),
+              '{"response": "a%sb"}'),
+             (grammars.response_format_grammar({"type": "json_object"}), '{"k": "a%sb"}')]
+    for grammar, text in cases:
+        sampler = probe.sampler(grammar)
+        try:
+            assert probe.accepts(sampler, text % "\\n"), text
+            assert not probe.accepts(sampler, text % "\n"), text
+        finally:
+            llama_cpp.llama_sampler_free(sampler)
+
+
+ANY_VALUES = ["1", "-2.5e3", '"x"', "null", "true", "[]", '[1, {"a": [null]}]', "{}", '{"a": "b", "c": [1]}']
+
+
+@pytest.mark.parametrize("schema", [True, {}, {"description": "Optional input value"},
+                                    {"title": "T", "default": 3, "examples": [1]}, {"format": "email"}],
+                         ids=["true", "empty", "description", "annotations", "unknown-format"])
+def test_type_less_true_and_empty_schemas_are_any_value(probe: GrammarProbe, schema: object) -> None:
+    # JSON Schema reads them as "any value" (zod's z.any().describe() writes {"description": ...}),
+    # at the root and as a property
+    for root in (schema, {"type": "object", "properties": {"v": schema}, "required": ["v"]}):
+        sampler = probe.sampler(json_schema_grammar(root))
+        try:
+            for value in ANY_VALUES:
+                text = value if root is schema else f'{{"v": {value}}}'
+                assert probe.accepts(sampler, text), (root, text)
+                jsonschema.validate(json.loads(text), root)
+            assert not probe.accepts(sampler, '{"v": }' if root is not schema else "nul")
+        finally:
+            llama_cpp.llama_sampler_free(sampler)
+
+
+@pytest.mark.parametrize("schema, good, bad", [
+    ({"minimum": 3, "maximum": 5}, ["3", "5"], ["6", '"a"']),  # bounds imply an integer, as llama.cpp reads them
+    ({"maxLength": 2}, ['"ab"'], ['"abc"']),
+    ({"minItems": 1, "maxItems": 2}, ['[1, "a"]'], ["[]", "[1, 2, 3]"]),
+    ({"type": "array", "items": {}}, ['[1, "a", null]'], ["[1,]"]),
+    ({"prefixItems": [{"type": "integer"}], "items": {"type": "string"}}, ["[1]", '[1, "a", "b"]'], ['["a"]']),
+    ({"prefixItems": [{"type": "integer"}], "items": {"type": "string"}, "maxItems": 2}, ['[1, "a"]'],
+     ['[1, "a", "b"]', "[1, 2]"]),
+    ({"prefixItems": [{"type": "integer"}], "items": False}, ["[1]"], ["[1, 2]"]),
+    ({"type": "object", "properties": {"a": True}, "additionalProperties": False}, ['{"a": [1]}', "{}"], ['{"b": 1}']),
+    ({"allOf": [True, {"$ref": "#/$defs/C"}], "description": "a colour", "$defs": {"C": {"enum": ["r", "g"]}}},
+     ['"r"'], ['"b"', "{}"]),
+], ids=["bounds", "maxLength", "item-counts", "items-any", "prefix-then-items", "prefix-then-items-max",
+        "closed-tuple", "true-property", "allOf-one-ref"])
+def test_type_less_keywords_and_bool_subschemas(probe: GrammarProbe, schema: dict, good: list[str],
+                                                bad: list[str]) -> None:
+    sampler = probe.sampler(json_schema_grammar(schema))
+    try:
+        for text in good:
+            assert probe.accepts(sampler, text), (schema, text)
+            jsonschema.validate(json.loads(text), schema)
+        for text in bad:
+            assert not probe.accepts(sampler, text), (schema, text)
+    finally:
+        llama_cpp.llama_sampler_free(sampler)
+
+
+@pytest.mark.parametrize("schema, where", [
+    (False, "at /"),
+    ({"type": "object", "properties": {"a": False}}, "at /properties/a"),
+    ({"type": "array", "items": False}, "at /items"),
+    ({"anyOf": [{"type": "null"}, False]}, "at /anyOf/1"),
+    ({"$defs": {"X": {"type": "array", "items": [True, False]}}, "$ref": "#/$defs/X"}, "at /$defs/X/items/1"),
+], ids=["root", "property", "items", "anyOf", "tuple-in-defs"])
+def test_false_is_refused_where_it_is(schema: object, where: str) -> None:
+    with pytest.raises(ValueError) as e:
+        json_schema_grammar(schema)
+    assert "false" in str(e.value) and where in str(e.value), str(e.value)
+
+
+subschema = st.recursive(
+    st.sampled_from([True, False, {}, {"description": "d"}, {"type": "string"}, {"type": "integer", "minimum": 0},
+                     {"enum": [1, "a", None]}, {"minLength": 1}]),
+    lambda inner: st.one_of(
+        st.builds(lambda p, r: {"type": "object", "properties": p, "required": sorted(p)[:r]},
+                  st.dictionaries(st.sampled_from("abc"), inner, max_size=3), st.integers(0, 3)),
+        st.builds(lambda i: {"type": "array", "items": i}, inner),
+        st.builds(lambda i: {"items": i, "maxItems": 3}, inner),
+        st.builds(lambda a: {"anyOf": a}, st.lists(inner, min_size=1, max_size=3)),
+        st.builds(lambda a: {"allOf": a}, st.lists(inner, min_size=1, max_size=2)),
+        st.builds(lambda p, i: {"prefixItems": p, "items": i}, st.lists(inner, min_size=1, max_size=2), inner),
+        st.builds(lambda v: {"type": "object", "additionalProperties": v}, inner)),
+    max_leaves=8)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(schema=subschema)
+def test_bool_subschemas_give_a_grammar_or_a_named_refusal(probe: GrammarProbe, schema: object) -> None:
+    # never a Python error's text ('bool' object has no attribute 'get'), never "Unrecognized schema"
+    try:
+        grammar = json_schema_grammar(schema)
+    except ValueError as e:
+        assert "is false" in str(e) or "allOf" in json.dumps(schema), str(e)
+        return
+    llama_cpp.llama_sampler_free(probe.sampler(grammar))
+
+
+@pytest.mark.parametrize("value", ["line\nbreak", 'say "hi"', "back\\slash", "tab\there", {"k\"ey": ["a\\\n"]}],
+                         ids=["newline", "quote", "backslash", "tab", "nested"])
+def test_consts_enums_and_names_are_written_as_json_writes_them(probe: GrammarProbe, value: object) -> None:
+    # the literal is the value's JSON text, backslashes escaped in GBNF (0.3.36 left them: a newline came out
+    # raw, a quote ended the literal and llama.cpp refused the grammar)
+    text = json.dumps(value)
+    for schema in ({"const": value}, {"enum": [value, 1]},
+                   {"type": "object", "properties": {text: {"const": 1}}, "required": [text]}):
+        sampler = probe.sampler(json_schema_grammar(schema))
+        try:
+            sentence = text if "properties" not in schema else json.dumps({text: 1})
+            assert probe.accepts(sampler, sentence), (schema, sentence)
+            assert not probe.accepts(sampler, sentence.replace("\\n", "\n")) or "\\n" not in sentence
+        finally:
+            llama_cpp.llama_sampler_free(sampler)
+
+
+def test_claude_codes_type_less_tool_through_the_generic_format(probe: GrammarProbe) -> None:
+    # issue 58's refusal: on a template without a tool format (SmolLM2's) tools go through the generic
+    # format's grammar even with tool_choice auto, and a property with only a description was
+    # "Unrecognized schema"; it is any value, the arguments stay an object
+    from pydflash2.server import tools
+
+    params = {"type": "object", "properties": {"name": {"type": "string"},
+                                               "input": {"description": "Optional input value"}},
+              "required": ["name"], "additionalProperties": False, "$schema": "http://json-schema.org/draft-07/schema#"}
+    sampler = probe.sampler(tools.generic_grammar([{"name": "Workflow", "parameters": params}], True, required=False))
+    try:
+        for value in ('[1, "x"]', '{"k": null}', '"text"', "2.5"):
+            assert probe.accepts(sampler, '{"tool_calls": [{"name": "Workflow", "arguments": {"name": "a", "input": '
+                                          f'{value}}}}}]}}'), value
+        assert probe.accepts(sampler, '{"response": "hi"}')
+        assert not probe.accepts(sampler, '{"tool_calls": [{"name": "Workflow", "arguments": 3}]}')
+    finally:
+        llama_cpp.llama_sampler_free(sampler)

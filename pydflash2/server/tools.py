@@ -94,7 +94,7 @@ class ToolCallFormat:
         parameters the converter cannot express."""
         call = {"anyOf": [{
             "type": "object",
-            "properties": {"name": {"const": t["name"]}, self.arguments_key: t.get("parameters") or {"type": "object"}},
+            "properties": {"name": {"const": t["name"]}, self.arguments_key: arguments_schema(t)},
             "required": ["name", self.arguments_key],
         } for t in tools]}
         for t in tools:
@@ -109,6 +109,13 @@ class ToolCallFormat:
         else:
             root = rule
         return conv.format_grammar() + f"\nroot ::= {root}\n"
+
+
+def arguments_schema(tool: dict[str, Any]) -> dict[str, Any]:
+    """The schema of a call's arguments: the tool's parameters, an object even where they name no
+    type (annotations only would otherwise allow any JSON value)."""
+    params = tool.get("parameters")
+    return {"type": "object", **params} if isinstance(params, dict) else {"type": "object"}
 
 
 HERMES = ToolCallFormat("hermes", "<tool_call>", "arguments")
@@ -149,7 +156,7 @@ Item = str | ToolCall | CallStart | ArgsPart
 # the head of a Hermes call, name first (as the templates teach it and forced calls' grammars write it):
 # from here on the call is streamed, its arguments piece by piece
 _HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)')
-_JSON = json.JSONDecoder(strict=False)  # grammars let control characters into strings, as llama.cpp's do
+_JSON = json.JSONDecoder(strict=False)  # calls written without a grammar (tool_choice auto) may hold control chars
 
 
 # ---------------------------------------------------------------- the generic format
@@ -161,7 +168,7 @@ GENERIC_INSTRUCTION = ("Respond in JSON format, either with `tool_call` (a reque
 def _call_schema(t: dict[str, Any]) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": "object",
                               "properties": {"name": {"const": t["name"]},
-                                             "arguments": t.get("parameters") or {"type": "object"}},
+                                             "arguments": arguments_schema(t)},
                               "required": ["name", "arguments"]}
     if t.get("description"):
         schema["description"] = t["description"]
