@@ -41,10 +41,6 @@ def mean_by_rows(stats: dict[str, Any], fed: bool) -> dict[int, tuple[int, float
     return {i + 1: (n, s / n) for i, (n, s) in enumerate(zip(counts, seconds, strict=True)) if n}
 
 
-def table_row(costs: dict[str, Any]) -> tuple[float, list[float]]:
-    return float(costs["plain_s"]), list(costs["verify_s"])
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None)
@@ -83,7 +79,8 @@ def main() -> int:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for run in (1, 2):
         for path in PATHS:
-            plain, verify = table_row(specs[f"chain 7, {path}"].measure_costs(prompts[0][:256], reps=args.cost_reps))
+            costs = specs[f"chain 7, {path}"].measure_costs(prompts[0][:256], reps=args.cost_reps)
+            plain, verify = float(costs["plain_s"]), list(costs["verify_s"])
             tables[path].append((plain, verify))
             print(f"| {path} | {run} | {1e3 * plain:.2f} | {1e3 * verify[0]:.2f} | {verify[0] / plain:.3f} "
                   f"| {1e3 * verify[-1]:.2f} | {verify[-1] / plain:.2f} |")
@@ -104,8 +101,8 @@ def main() -> int:
             continue
         path = name.rsplit(", ", 1)[1]
         table = [statistics.mean(v) for v in zip(*(t[1] for t in tables[path]), strict=True)]
-        ops = mean_by_rows(spec.engine_stats(), fed=False)
-        fed = mean_by_rows(spec.engine_stats(), fed=True)
+        engine = spec.engine_stats()
+        ops, fed = mean_by_rows(engine, fed=False), mean_by_rows(engine, fed=True)
         cells = []
         for rows, (n, sec) in sorted(ops.items()):
             ref = table[min(rows, len(table)) - 1]

@@ -69,9 +69,10 @@ struct StepCosts {
     std::vector<double> verify_s;
     std::vector<double> draft_s;
     // The plain step the user would get without speculation: a one-row decode that skips the
-    // drafter's features (0: not measured). On a GPU their copies make a one-row verify cost up to
-    // twice this; the cost model prices plain decoding at it, and the engine then decodes plain
-    // steps so (the drafter goes without those rows).
+    // drafter's features (0: not measured). Where a one-row verify costs measurably more (the H200's
+    // 1.9x of issue 46 was measured while the taps were switched per step, each switch a scheduler
+    // reserve: issue 57), the cost model prices plain decoding at it, and the engine then decodes
+    // plain steps so (the drafter goes without those rows).
     double plain_s = 0.0;
     // A lazy head's product for one more row a verify reads (0: the head runs in the decode's graph).
     // The table's verifies read one row; a verify that commits k tokens reads k, so the head's
