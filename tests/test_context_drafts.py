@@ -502,3 +502,27 @@ def test_learned_costs_follow_what_the_steps_take(hot_pair, llm, exact) -> None:
             # plain decoding is priced at what plain steps took (none seen: the table's), plus the host's work
             plain_device = seen["plain_s"] or table
             assert 1 / e["tree_auto"]["plain_rate"] == pytest.approx(plain_device + host["plain_per_slot_s"], rel=1e-6)
+
+
+def test_greedy_requests_do_not_teach_sampled_ones_the_contexts_acceptance(hot_pair, llm) -> None:
+    """The context's acceptance is learned per regime (issue 57): greedy requests that copy their
+    context teach nothing to the pricing of a sampled request's context drafts, so a sampled request
+    drafts exactly as it does on a fresh engine, while a second greedy request drafts as the first
+    ones taught it (not as a fresh engine would). Costs fixed (a CPU's steep rows) so that what
+    changes the drafts is the learned acceptance alone."""
+    ids = _ids(llm, " the west wes he a t" * 6)
+
+    def context_drafting(prime: int, temperature: float) -> tuple:
+        with Speculator(llm, None, n_max=0, context_drafts="request") as spec:
+            spec.set_costs([0.01 + 0.004 * b for b in range(spec.max_verify_rows)], [])
+            for _ in range(prime):
+                spec.generate(ids, max_tokens=48)
+            out = spec.generate(ids, max_tokens=24, temperature=temperature, seed=7)
+            return out.stats["context_drafted"], tuple(out.stats["drafted_per_position"]), tuple(out.tokens)
+
+    sampled_fresh, sampled_primed = context_drafting(0, 1.0), context_drafting(3, 1.0)
+    assert sampled_primed == sampled_fresh
+    greedy_fresh, greedy_primed = context_drafting(0, 0.0), context_drafting(3, 0.0)
+    print(f"context nodes drafted: sampled {sampled_fresh[0]}, greedy {greedy_fresh[0]} fresh and "
+          f"{greedy_primed[0]} after 3 greedy requests")
+    assert greedy_primed[:2] != greedy_fresh[:2]  # the greedy regime did learn

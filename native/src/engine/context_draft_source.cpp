@@ -63,6 +63,7 @@ void ContextDraftSource::begin(const SourceStart & start) {
         finish();
         return;
     }
+    acceptance_ = &by_regime_.of(start.sampled);
     index_.clear();
     index_.append(start.prompt->data(), start.prompt->size());
     n_prompt_ = start.prompt->size();
@@ -92,7 +93,7 @@ void ContextDraftSource::observe(const llama_token * tokens, size_t n) {
             const auto i = static_cast<size_t>(v);
             if (paths_.parent[i] != at) continue;
             const bool taken = paths_.token[i] == tokens[d];
-            acceptance_.observe(paths_.match_length + paths_.depth[i] - 1,
+            acceptance_->observe(paths_.match_length + paths_.depth[i] - 1,
                                 static_cast<double>(paths_.count[i]) / std::max(1, parent_count), taken);
             if (taken) next = v;
         }
@@ -128,7 +129,7 @@ void ContextDraftSource::gather(int max_depth) {
         const double parent_logp = parent < 0 ? 0.0 : scored_.raw_logp[static_cast<size_t>(parent)];
         const int32_t parent_count = parent < 0 ? paths_.n_occurrences : paths_.count[static_cast<size_t>(parent)];
         const double share = static_cast<double>(paths_.count[i]) / static_cast<double>(std::max(1, parent_count));
-        const double logp = parent_logp + std::log(acceptance_.rate(paths_.match_length + paths_.depth[i] - 1) * share);
+        const double logp = parent_logp + std::log(acceptance_->rate(paths_.match_length + paths_.depth[i] - 1) * share);
         scored_.parent.push_back(parent);
         scored_.token.push_back(paths_.token[i]);
         scored_.cand.push_back(-1);

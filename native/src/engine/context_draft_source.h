@@ -47,9 +47,10 @@ enum class ContextDrafts {
 
 class ContextDraftSource final : public DraftSource {
   public:
-    // acceptance: what continuations by match length get, learned over all slots; caches: the past
-    // outputs per key (ContextDrafts::Global)
-    ContextDraftSource(MatchAcceptance & acceptance, ContextCaches & caches) : acceptance_(acceptance), global_(caches) {}
+    // acceptance: what continuations by match length get, learned over all slots, per regime;
+    // caches: the past outputs per key (ContextDrafts::Global)
+    ContextDraftSource(ByRegime<MatchAcceptance> & acceptance, ContextCaches & caches)
+        : by_regime_(acceptance), global_(caches) {}
     const char * name() const override { return "context"; }
 
     // A new request: its prompt starts the stream; in global mode it also drafts from the past
@@ -76,7 +77,8 @@ class ContextDraftSource final : public DraftSource {
 
     const ScoredNodes & candidates(int max_depth);
 
-    MatchAcceptance & acceptance_;
+    ByRegime<MatchAcceptance> & by_regime_;
+    MatchAcceptance * acceptance_ = &by_regime_.greedy;  // the request's regime's
     ContextCaches & global_;
     ContextIndex index_;
     ContextCaches * caches_ = nullptr;  // &global_ in global mode

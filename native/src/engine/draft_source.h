@@ -78,6 +78,17 @@ struct SourceStart {
     const std::vector<llama_token> * prompt = nullptr;
     int context_mode = 0;            // ContextDrafts (context_draft_source.h): 0 = off
     const std::string * key = nullptr;  // the global cache's key (the request's API key)
+    bool sampled = false;            // the request samples (temperature > 0): see ByRegime
+};
+
+// What a source learns about acceptance, kept apart for greedy and sampled requests: a draft that
+// greedy decoding copies verbatim is drawn far less often at temperature 1 (issue 57: the context's
+// nodes on the agentic prompts, 80-90% accepted at T=0 against 26% at T=1), and one server
+// interleaves both; pooled, each regime's steps were priced with the other's acceptance.
+template <class T> struct ByRegime {
+    T greedy, sampled;
+    T & of(bool is_sampled) { return is_sampled ? sampled : greedy; }
+    const T & of(bool is_sampled) const { return is_sampled ? sampled : greedy; }
 };
 
 // What one step's verification decided, told to every source of the slot, drafted by it or not.

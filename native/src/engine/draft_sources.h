@@ -18,7 +18,7 @@ namespace pdf2 {
 
 // What a kind of source learns across the engine's slots (each source gets the engine's kit).
 struct SourceKit {
-    MatchAcceptance context_acceptance;  // the context's acceptance by match length
+    ByRegime<MatchAcceptance> context_acceptance;  // the context's acceptance by match length
     ContextCaches context_caches;        // past outputs per API key (ContextDrafts::Global)
 };
 
