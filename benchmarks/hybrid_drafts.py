@@ -11,7 +11,11 @@ prompt by prompt so that machine noise hits every configuration alike, with the 
 - lattice tree 16: the best-first tree of 16 nodes over the lattice;
 - context alone: context drafts without a drafter (the cost model prices each step's tree);
 - merged tree 16: the lattice's and the context's candidates in one tree of 16 nodes;
-- auto: what `pydflash2 generate` runs by default (n_max auto, context drafts "request").
+- auto: what `pydflash2 generate` runs by default (n_max auto, context drafts "request");
+- perfect drafts (asked by name only): a bound, not a configuration: context drafts alone whose
+  global cache already holds this prompt's answer (each prompt run twice, the second counted), so
+  every step can draft the exact continuation and the cost model only chooses how deep; what
+  speculation could reach on this machine if the drafts were always right (at T=0).
 
 Prints per set and temperature: tau, median tokens/s, both as ratios to plain measured in the same
 run, acceptance per depth, and the nodes drafted and accepted by source.
@@ -58,6 +62,23 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "merged tree 16": {"draft": True, "n_max": 7, "tree_budget": 16, "context_drafts": "request"},
     "auto": {"draft": True, "n_max": "auto", "context_drafts": "request"},
 }
+
+
+class PerfectDrafts:
+    """The bound "perfect drafts" (above): generate() runs the request twice on a Speculator whose
+    context drafts include its past outputs, and returns the second Completion."""
+
+    def __init__(self, llm: Any) -> None:
+        from pydflash2.speculator import Speculator
+
+        self.spec = Speculator(llm, None, n_max=0, context_drafts="global")
+
+    def generate(self, ids: list[int], **kwargs: Any) -> Any:
+        self.spec.generate(ids, **kwargs)
+        return self.spec.generate(ids, **kwargs)
+
+    def close(self) -> None:
+        self.spec.close()
 
 
 def make_speculator(llm: Any, draft: str, name: str, **kwargs: Any) -> Any:
@@ -125,7 +146,8 @@ def main() -> int:
     make = {name: (lambda name=name: make_speculator(llm, draft, name)) for name in CONFIGS}
     make["plain, flash off"] = lambda: Speculator(load_target(model, n_ctx=args.n_ctx, n_threads=args.threads)[0],
                                                   None, n_max=0)
-    names = [c for c in ["plain", "plain, flash off", *CONFIGS] if c in args.configs.split(",") or
+    make["perfect drafts"] = lambda: PerfectDrafts(llm)
+    names = [c for c in ["plain", "plain, flash off", *CONFIGS, "perfect drafts"] if c in args.configs.split(",") or
              c == "plain, flash off" and c in args.configs]
     names = list(dict.fromkeys(names))
     specs = {name: make[name]() for name in names}
