@@ -277,6 +277,10 @@ class NativeEngine:
         check(lib.pdf2_batch_engine_set_context_cache_limits(self._h, int(max_keys), int(max_documents),
                                                              int(max_tokens)), "set_context_cache_limits")
 
+    def set_lazy_head_group(self, rows: int) -> None:
+        """Rows per lazy LM head product: 1, 8 (a group), or 0 (the engine times both and chooses)."""
+        check(lib.pdf2_batch_engine_set_lazy_head_group(self._h, int(rows)), "set_lazy_head_group")
+
     def stop(self, slot: int) -> None:
         """Frees the slot (a no-op when it is idle)."""
         check(lib.pdf2_batch_engine_stop(self._h, int(slot)), "stop")

@@ -20,7 +20,8 @@ from typing import Any
 # 3: the plain step timed in a run of plain decodes, as plain decoding runs; the lazy head of a row.
 # 4: every size timed alike, as the second of two decodes of its size; the capture path in the key
 # (the taps no longer switched off for a plain step: issue 57).
-_METHOD = "4"
+# 5: the lazy head's products in groups where a group costs about one row (the verify sizes hold it).
+_METHOD = "5"
 
 # Any text will do: costs depend on lengths, not on words.
 _WARMUP_TEXT = "The quick brown fox jumps over the lazy dog while the target model verifies a drafted block. " * 4

@@ -526,3 +526,30 @@ def test_greedy_requests_do_not_teach_sampled_ones_the_contexts_acceptance(hot_p
     print(f"context nodes drafted: sampled {sampled_fresh[0]}, greedy {greedy_fresh[0]} fresh and "
           f"{greedy_primed[0]} after 3 greedy requests")
     assert greedy_primed[:2] != greedy_fresh[:2]  # the greedy regime did learn
+
+
+@pytest.mark.parametrize("name", ["context alone", "merged, tree 16"])
+def test_lazy_head_groups_give_the_rows_one_at_a_time_give(hot_pair, llm, exact, name) -> None:
+    """The lazy LM head's products in groups of 8 rows (where reading the head's weight bounds them)
+    give each row the logits the one-row products give: the same greedy tokens, plain greedy's, on
+    context and merged trees whose verifies read rows along a path (not in order); and a group is
+    counted in the rows whose head ran. Out-of-range groups are refused."""
+    kwargs = dict(CONFIGS[name])
+    draft = kwargs.pop("draft", str(hot_pair[1]))
+    runs = {}
+    for group in (1, 8):
+        with Speculator(llm, draft, context_drafts="request", **kwargs) as spec:
+            spec._native.set_lazy_head_group(group)
+            spec.set_costs([0.01 + 0.0001 * b for b in range(spec.max_verify_rows)], [0.002] * spec.max_draft)
+            outs = [spec.generate(_ids(llm, p), max_tokens=N_TOKENS) for p in REPEATING]
+            e = spec.engine_stats()
+            runs[group] = ([o.tokens for o in outs], e["lazy_head_group"], e["lazy_head_rows"])
+            if group == 8:
+                for bad in (-1, 9):
+                    with pytest.raises(Exception, match="lazy head group"):
+                        spec._native.set_lazy_head_group(bad)
+    assert runs[8][0] == runs[1][0]
+    for p, tokens in zip(REPEATING, runs[1][0], strict=True):
+        check_greedy(tokens, plain_greedy(llm, _ids(llm, p), N_TOKENS), exact=exact, delta=DELTA_TINY, what=(name, p))
+    assert (runs[1][1], runs[8][1]) == (1, 8)
+    assert runs[8][2] > runs[1][2] > 0  # groups compute rows the verify may not read

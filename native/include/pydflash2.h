@@ -305,6 +305,10 @@ int pdf2_batch_engine_add_draft_source(pdf2_batch_engine * e, const char * name)
  * tokens): the least recently used key, and a key's oldest outputs, go first. Empties it. 0 / -1. */
 int pdf2_batch_engine_set_context_cache_limits(pdf2_batch_engine * e, int32_t max_keys, int32_t max_documents,
                                                int64_t max_tokens);
+/* Rows per product of the lazy LM head: 1 (one row at a time) or 8 (a group, where reading the head's
+ * weight bounds its product); 0 (the default) lets the engine time both at its first verify of enough
+ * rows and choose. engine_stats' "lazy_head_group" says which it uses. 0 / -1 (out of range). */
+int pdf2_batch_engine_set_lazy_head_group(pdf2_batch_engine * e, int32_t rows);
 /* Rows of the largest verify the cost model prices: max_draft + 1, or an automatic tree's budget + 1. */
 int32_t pdf2_batch_engine_max_verify_rows(pdf2_batch_engine * e);
 /* Exact mode over a target whose matmul kernels switch with the batch size: every target decode

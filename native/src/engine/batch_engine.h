@@ -144,6 +144,8 @@ class BatchEngine {
     // Bounds of the global context cache: keys kept (least recently used out), and per key its past
     // outputs and their tokens. Empties the cache.
     void set_context_cache_limits(size_t max_keys, int max_documents, size_t max_tokens);
+    // Rows per lazy head product (TargetRunner::set_head_rows: 0 = time and choose).
+    void set_lazy_head_group(int32_t rows) { target_.set_head_rows(rows); }
     // Rows of `prompt` that start() on this idle slot would reuse (what it holds
     // from its last request): a scheduler gives a request the slot that holds most.
     int32_t cached_prefix(int slot, const std::vector<llama_token> & prompt);

@@ -128,6 +128,13 @@ extern "C" int pdf2_batch_engine_add_draft_source(pdf2_batch_engine * e, const c
     });
 }
 
+extern "C" int pdf2_batch_engine_set_lazy_head_group(pdf2_batch_engine * e, int32_t rows) {
+    return pdf2::guarded<int>(-1, [&] {
+        get(e).set_lazy_head_group(rows);
+        return 0;
+    });
+}
+
 extern "C" int pdf2_batch_engine_set_context_cache_limits(pdf2_batch_engine * e, int32_t max_keys,
                                                          int32_t max_documents, int64_t max_tokens) {
     return pdf2::guarded<int>(-1, [&] {

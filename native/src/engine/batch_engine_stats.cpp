@@ -114,6 +114,7 @@ std::string BatchEngine::stats_json() const {
     w.field("n_rows", stats_.engine().n_rows);
     w.field("n_filler_rows", stats_.engine().n_filler_rows);
     w.field("lazy_head_rows", target_.lazy_head_rows());  // verify rows whose LM head ran (lazily)
+    w.field("lazy_head_group", target_.head_rows());      // rows per head product (0: not chosen yet)
     // whether verify decodes stop before the LM head (and why not, once tried and refused)
     w.field("lazy_head", head_capture_ != nullptr && (feed_drafters_ || opts_.context_nodes > 0) &&
                              target_.lazy_head_error().empty());

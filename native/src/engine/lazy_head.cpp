@@ -10,14 +10,15 @@ namespace pdf2 {
 LazyHead::LazyHead(const ggml_tensor * weight, int32_t n_threads)
     : weight_(weight), n_embd_(weight->ne[0]), n_vocab_(weight->ne[1]) {
     try {
-        build(n_threads);
+        start_backend(n_threads);
+        (void) product(1);  // a head this backend cannot multiply fails here, before any verify
     } catch (...) {
         release();  // the destructor does not run for a constructor that throws
         throw;
     }
 }
 
-void LazyHead::build(int32_t n_threads) {
+void LazyHead::start_backend(int32_t n_threads) {
     ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(weight_->buffer);
     ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
     if (dev == nullptr && ggml_backend_buft_is_host(buft)) {
@@ -32,44 +33,71 @@ void LazyHead::build(int32_t n_threads) {
         throw Error(std::string("lazy head: cannot start device ") + ggml_backend_dev_name(dev));
     }
     set_cpu_threads(backend_, n_threads);
-    const ggml_init_params params = {ggml_tensor_overhead() * 4 + ggml_graph_overhead_custom(8, false), nullptr, true};
-    ctx_ = ggml_init(params);
-    in_ = ggml_new_tensor_2d(ctx_, GGML_TYPE_F32, n_embd_, 1);
-    ggml_set_name(in_, "lazy_head_hidden");
-    ggml_set_input(in_);
-    // the graph reads llama.cpp's own weight tensor (not a copy)
-    out_ = ggml_mul_mat(ctx_, const_cast<ggml_tensor *>(weight_), in_);
-    ggml_set_name(out_, "lazy_head_logits");
-    ggml_set_output(out_);
-    graph_ = ggml_new_graph_custom(ctx_, 8, false);
-    ggml_build_forward_expand(graph_, out_);
-    if (!ggml_backend_supports_op(backend_, out_)) {
-        throw Error(std::string("lazy head: ") + ggml_backend_name(backend_) + " cannot multiply a " +
-                    ggml_type_name(weight_->type) + " head");
+}
+
+namespace {
+void free_product_parts(ggml_context *& ctx, ggml_gallocr_t & alloc) {
+    if (alloc) ggml_gallocr_free(alloc);
+    if (ctx) ggml_free(ctx);
+    alloc = nullptr;
+    ctx = nullptr;
+}
+}  // namespace
+
+LazyHead::Product & LazyHead::product(int32_t rows) {
+    if (rows < 1 || rows > MAX_ROWS) {
+        throw Error("lazy head: " + std::to_string(rows) + " rows (1.." + std::to_string(MAX_ROWS) + ")");
     }
-    alloc_ = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_));
-    if (alloc_ == nullptr || !ggml_gallocr_alloc_graph(alloc_, graph_)) {
-        throw Error("lazy head: cannot allocate the head graph");
+    Product & kept = products_[rows - 1];
+    if (kept.graph != nullptr) return kept;
+    Product p;
+    try {
+        const ggml_init_params params = {ggml_tensor_overhead() * 4 + ggml_graph_overhead_custom(8, false), nullptr,
+                                         true};
+        p.ctx = ggml_init(params);
+        p.in = ggml_new_tensor_2d(p.ctx, GGML_TYPE_F32, n_embd_, rows);
+        ggml_set_name(p.in, "lazy_head_hidden");
+        ggml_set_input(p.in);
+        // the graph reads llama.cpp's own weight tensor (not a copy)
+        p.out = ggml_mul_mat(p.ctx, const_cast<ggml_tensor *>(weight_), p.in);
+        ggml_set_name(p.out, "lazy_head_logits");
+        ggml_set_output(p.out);
+        p.graph = ggml_new_graph_custom(p.ctx, 8, false);
+        ggml_build_forward_expand(p.graph, p.out);
+        if (!ggml_backend_supports_op(backend_, p.out)) {
+            throw Error(std::string("lazy head: ") + ggml_backend_name(backend_) + " cannot multiply a " +
+                        ggml_type_name(weight_->type) + " head");
+        }
+        p.alloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_));
+        if (p.alloc == nullptr || !ggml_gallocr_alloc_graph(p.alloc, p.graph)) {
+            throw Error("lazy head: cannot allocate the head graph");
+        }
+    } catch (...) {
+        free_product_parts(p.ctx, p.alloc);
+        throw;
     }
+    kept = p;
+    return kept;
 }
 
 LazyHead::~LazyHead() { release(); }
 
 void LazyHead::release() {
-    if (alloc_) ggml_gallocr_free(alloc_);
-    if (ctx_) ggml_free(ctx_);
+    for (Product & p : products_) {
+        free_product_parts(p.ctx, p.alloc);
+        p = Product{};
+    }
     if (backend_) ggml_backend_free(backend_);
-    alloc_ = nullptr;
-    ctx_ = nullptr;
     backend_ = nullptr;
 }
 
-void LazyHead::logits(const float * hidden, float * out) {
-    ggml_backend_tensor_set(in_, hidden, 0, static_cast<size_t>(n_embd_) * sizeof(float));
-    if (ggml_backend_graph_compute(backend_, graph_) != GGML_STATUS_SUCCESS) {
+void LazyHead::logits(const float * hidden, int32_t rows, float * out) {
+    Product & p = product(rows);
+    ggml_backend_tensor_set(p.in, hidden, 0, static_cast<size_t>(n_embd_) * static_cast<size_t>(rows) * sizeof(float));
+    if (ggml_backend_graph_compute(backend_, p.graph) != GGML_STATUS_SUCCESS) {
         throw Error("lazy head: the head computation failed");
     }
-    ggml_backend_tensor_get(out_, out, 0, static_cast<size_t>(n_vocab_) * sizeof(float));
+    ggml_backend_tensor_get(p.out, out, 0, static_cast<size_t>(n_vocab_) * static_cast<size_t>(rows) * sizeof(float));
 }
 
 }  // namespace pdf2

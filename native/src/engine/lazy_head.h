@@ -12,7 +12,12 @@
 // The head runs on the backend of the weight's buffer (the CPU, or the device
 // the target offloaded it to) as a one-row mul_mat: the kernel plain one-row
 // decoding uses for its head, so the logits are those plain decoding would
-// compute from the same hidden state.
+// compute from the same hidden state. Where reading the weight, not the
+// arithmetic, bounds the product (an F32 or F16 head, a GPU), a product of
+// several rows costs about one row's, so the runner may ask for rows in
+// groups (TargetRunner::lazy_logits): on SmolLM2 requantized to F32 (2 CPU
+// threads) lazy one-row products made auto 1.69x plain decoding on the agentic
+// prompts where the head in the decode's graph made it 2.11x (issue 57).
 #pragma once
 
 #include <ggml-alloc.h>
@@ -34,21 +39,28 @@ class LazyHead {
 
     const ggml_tensor * weight() const { return weight_; }
     int64_t n_vocab() const { return n_vocab_; }
-    // logits (n_vocab floats) of one hidden row (n_embd floats)
-    void logits(const float * hidden, float * out);
+    // logits (rows x n_vocab floats, row by row) of `rows` consecutive hidden rows (n_embd floats
+    // each); rows in 1..MAX_ROWS
+    void logits(const float * hidden, int32_t rows, float * out);
+    static constexpr int32_t MAX_ROWS = 8;
 
   private:
-    void build(int32_t n_threads);
+    // one graph per number of rows, built on first use (a graph's shapes are fixed)
+    struct Product {
+        ggml_context * ctx = nullptr;
+        ggml_gallocr_t alloc = nullptr;
+        ggml_cgraph * graph = nullptr;
+        ggml_tensor * in = nullptr;
+        ggml_tensor * out = nullptr;
+    };
+    void start_backend(int32_t n_threads);
+    Product & product(int32_t rows);
     void release();
 
     const ggml_tensor * weight_;
     int64_t n_embd_, n_vocab_;
     ggml_backend_t backend_ = nullptr;
-    ggml_context * ctx_ = nullptr;
-    ggml_gallocr_t alloc_ = nullptr;
-    ggml_cgraph * graph_ = nullptr;
-    ggml_tensor * in_ = nullptr;
-    ggml_tensor * out_ = nullptr;
+    Product products_[MAX_ROWS];  // [rows - 1]
 };
 
 }  // namespace pdf2

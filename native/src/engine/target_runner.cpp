@@ -160,6 +160,11 @@ bool TargetRunner::arm_lazy_head(int32_t n) {
 }
 
 void TargetRunner::end_lazy_head(bool armed, int32_t n) {
+    if (!lazy_read_.empty()) {  // the verify of the decode before read this many rows
+        const auto read = static_cast<double>(std::count(lazy_read_.begin(), lazy_read_.end(), uint8_t{1}));
+        if (read > 0.0) rows_read_ = 0.9 * rows_read_ + 0.1 * read;
+        lazy_read_.clear();
+    }
     last_lazy_ = armed && head_capture_->end_cut();
     if (last_lazy_) {
         lazy_n_ = n;
@@ -168,22 +173,74 @@ void TargetRunner::end_lazy_head(bool armed, int32_t n) {
         const size_t need = static_cast<size_t>(n) * static_cast<size_t>(n_vocab_);
         if (lazy_logits_.size() < need) lazy_logits_.resize(need);
         lazy_done_.assign(static_cast<size_t>(n), 0);
+        lazy_read_.assign(static_cast<size_t>(n), 0);
     }
+}
+
+void TargetRunner::set_head_rows(int32_t n) {
+    if (n < 0 || n > LazyHead::MAX_ROWS) {
+        throw Error("lazy head group must be in 0.." + std::to_string(LazyHead::MAX_ROWS) + " rows, got " +
+                    std::to_string(n));
+    }
+    forced_head_rows_ = n;
 }
 
 const float * TargetRunner::lazy_logits(int32_t row) {
     if (!last_lazy_ || row < 0 || row >= lazy_n_) {
         throw Error("target produced no logits for row " + std::to_string(row));
     }
-    float * out = lazy_logits_.data() + static_cast<size_t>(row) * static_cast<size_t>(n_vocab_);
-    if (!lazy_done_[static_cast<size_t>(row)]) {
-        const auto t0 = std::chrono::steady_clock::now();
-        head_->logits(head_capture_->hidden() + static_cast<size_t>(row) * static_cast<size_t>(n_embd_), out);
-        lazy_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        lazy_done_[static_cast<size_t>(row)] = 1;
-        lazy_rows_total_ += 1;
+    lazy_read_[static_cast<size_t>(row)] = 1;
+    if (!lazy_done_[static_cast<size_t>(row)]) run_head(row, group_rows(row));
+    return lazy_logits_.data() + static_cast<size_t>(row) * static_cast<size_t>(n_vocab_);
+}
+
+// How many rows from `row` the next product computes: this one, or a group up to the next row
+// already done (a tree's rows are read along its paths, not in order).
+int32_t TargetRunner::group_rows(int32_t row) {
+    if (forced_head_rows_ > 0) {
+        head_rows_ = forced_head_rows_;
+    } else {
+        if (group_s_ <= 0.0) time_head(row);
+        if (lazy_done_[static_cast<size_t>(row)]) return 0;  // the timing computed it
+        head_rows_ = group_s_ > 0.0 && group_s_ < rows_read_ * one_row_s_ ? LazyHead::MAX_ROWS : 1;
     }
-    return out;
+    int32_t rows = 1;
+    while (rows < head_rows_ && row + rows < lazy_n_ && !lazy_done_[static_cast<size_t>(row + rows)]) ++rows;
+    return rows;
+}
+
+void TargetRunner::run_head(int32_t row, int32_t rows) {
+    if (rows <= 0) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    head_->logits(head_capture_->hidden() + static_cast<size_t>(row) * static_cast<size_t>(n_embd_), rows,
+                  lazy_logits_.data() + static_cast<size_t>(row) * static_cast<size_t>(n_vocab_));
+    lazy_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fill_n(lazy_done_.begin() + row, rows, uint8_t{1});
+    lazy_rows_total_ += rows;
+}
+
+// Times a one-row product (the second of two: the first finds the weight cold) and a group of the
+// rows after it, from a decode with enough fresh rows (else later), the group's time scaled to
+// MAX_ROWS rows along the line through both. The rows computed are kept: only rows the verify
+// may not read are spent, once.
+void TargetRunner::time_head(int32_t row) {
+    constexpr int32_t MIN_GROUP = 3;
+    int32_t fresh = 0;
+    while (row + fresh < lazy_n_ && fresh < 2 + LazyHead::MAX_ROWS && !lazy_done_[static_cast<size_t>(row + fresh)]) {
+        ++fresh;
+    }
+    const int32_t group = fresh - 2;
+    if (group < MIN_GROUP) return;
+    const auto timed = [&](int32_t r, int32_t n) {
+        const auto t0 = std::chrono::steady_clock::now();
+        run_head(r, n);
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    (void) timed(row, 1);
+    const double one = timed(row + 1, 1);
+    const double many = timed(row + 2, group);
+    one_row_s_ = std::max(one, 1e-9);
+    group_s_ = std::max(one_row_s_, one + (many - one) * (LazyHead::MAX_ROWS - 1) / static_cast<double>(group - 1));
 }
 
 void TargetRunner::append_features(const int32_t * rows, int32_t n, std::vector<float> & out) const {

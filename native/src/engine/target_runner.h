@@ -51,6 +51,15 @@ class TargetRunner {
     // Rows whose head ran lazily, and the seconds it took, since creation.
     int64_t lazy_head_rows() const { return lazy_rows_total_; }
     double lazy_head_seconds() const { return lazy_seconds_; }
+    // Rows per head product: 1 (one at a time), or a group of LazyHead::MAX_ROWS where the group is
+    // expected to cost less than the rows the verifies read one by one: where reading the weight,
+    // not the arithmetic, bounds a product (an F32 head on a CPU: 8 rows cost 2.2 one-row products),
+    // once verifies read more rows than that. The first lazy decode with enough fresh rows times a
+    // one-row product and a group (once); the rows read per verify are a running mean.
+    // head_rows(): the last decode's choice (0: none yet). set_head_rows(n > 0) fixes it (tests);
+    // 0 chooses again.
+    int32_t head_rows() const { return head_rows_; }
+    void set_head_rows(int32_t n);
 
     // Features of the last decode's rows rows[0..n), n x (n_layers * n_embd) floats, appended to
     // out (the drafter's feed: one copy).
@@ -91,6 +100,9 @@ class TargetRunner {
     int32_t n_ctx_, n_batch_, n_vocab_, n_embd_, n_layer_;
 
     bool lazy_head_ready();
+    void run_head(int32_t row, int32_t rows);  // rows row..row+rows-1 of the last decode
+    void time_head(int32_t row);
+    int32_t group_rows(int32_t row);
 
     CallbackCapture * head_capture_ = nullptr;
     std::unique_ptr<LazyHead> head_;
@@ -102,6 +114,10 @@ class TargetRunner {
     bool feeding_ = true;
     int64_t lazy_rows_total_ = 0;
     double lazy_seconds_ = 0;
+    std::vector<uint8_t> lazy_read_;  // rows of the last decode the verify read
+    int32_t head_rows_ = 0, forced_head_rows_ = 0;
+    double one_row_s_ = 0.0, group_s_ = 0.0;  // a one-row product and a MAX_ROWS group (0: not timed)
+    double rows_read_ = 1.0;                  // per lazy decode, a running mean
 };
 
 // The checks both engines make before pairing a drafter with a target: hidden size and
