@@ -276,7 +276,8 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
     const double host0 = ledger.host();
     const auto device = [&] { return ledger.seconds(Part::Decode) + ledger.seconds(Part::Sync) + ledger.seconds(Part::Head); };
     const double device0 = device();
-    const int64_t heads0 = target_.lazy_head_rows();
+    const double head0 = ledger.seconds(Part::Head);
+    const int64_t read0 = target_.lazy_head_rows_read();
     VerifyShape verify;
     int prefill_rows = 0;
     {
@@ -288,8 +289,15 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
     if (verify.rows > 0 && prefill_rows == 0) {
         cost_model_.observe_host(verify.plain, verify.rows, ledger.host() - host0);
         if (verify.decodes == 1) {
-            const int extra_heads = static_cast<int>(target_.lazy_head_rows() - heads0) - verify.slots;  // the table reads one a slot
-            cost_model_.observe_device(verify.plain, verify.slots, verify.rows_per_slot, extra_heads, device() - device0);
+            // The lazy head as priced (a product per row read), not as it ran: where it runs rows in
+            // groups (TargetRunner::head_rows) deep verifies cost less than priced and shallow ones
+            // more, which the one scale the verifies learn cannot hold (on the F32 stand-in it made
+            // the lattice look cheap in chat, where verifies read one or two rows).
+            const auto read = static_cast<int>(target_.lazy_head_rows_read() - read0);
+            const double head_ran = ledger.seconds(Part::Head) - head0;
+            const double device_s = device() - device0 - head_ran + cost_model_.costs().head_s * read;
+            const int extra_heads = read - verify.slots;  // the table reads one a slot
+            cost_model_.observe_device(verify.plain, verify.slots, verify.rows_per_slot, extra_heads, device_s);
         }
     }
     return verify.rows + prefill_rows;

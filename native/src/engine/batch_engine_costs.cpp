@@ -40,6 +40,14 @@ void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify
     flush_rows(s);
     llama_memory_t mem = llama_get_memory(ctx_.ctx);
     const BatchStats saved = stats_.save();  // measuring is no request's work
+    // the head one row at a time: head_s is one more row's product, and where the steps then run
+    // it in groups (TargetRunner::head_rows) they cost less than priced, never more
+    struct HeadRowsBack {
+        TargetRunner & target;
+        int32_t rows;
+        ~HeadRowsBack() { target.set_head_rows(rows); }  // (in range: it was set before)
+    } head_rows_back{target_, target_.forced_head_rows()};
+    target_.set_head_rows(1);
     std::vector<std::vector<double>> vt(static_cast<size_t>(max_b)), dt(static_cast<size_t>(max_draft_));
     std::vector<double> pt, ht;
     // One way of timing for every price: a size's decode is timed as the second of two in a row of

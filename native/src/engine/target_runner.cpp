@@ -189,7 +189,10 @@ const float * TargetRunner::lazy_logits(int32_t row) {
     if (!last_lazy_ || row < 0 || row >= lazy_n_) {
         throw Error("target produced no logits for row " + std::to_string(row));
     }
-    lazy_read_[static_cast<size_t>(row)] = 1;
+    if (!lazy_read_[static_cast<size_t>(row)]) {
+        lazy_read_[static_cast<size_t>(row)] = 1;
+        lazy_rows_read_total_ += 1;
+    }
     if (!lazy_done_[static_cast<size_t>(row)]) run_head(row, group_rows(row));
     return lazy_logits_.data() + static_cast<size_t>(row) * static_cast<size_t>(n_vocab_);
 }

@@ -50,6 +50,7 @@ class TargetRunner {
     const std::string & lazy_head_error() const { return head_error_; }
     // Rows whose head ran lazily, and the seconds it took, since creation.
     int64_t lazy_head_rows() const { return lazy_rows_total_; }
+    int64_t lazy_head_rows_read() const { return lazy_rows_read_total_; }  // by the verifies (groups: fewer)
     double lazy_head_seconds() const { return lazy_seconds_; }
     // Rows per head product: 1 (one at a time), or a group of LazyHead::MAX_ROWS where the group is
     // expected to cost less than the rows the verifies read one by one: where reading the weight,
@@ -60,6 +61,7 @@ class TargetRunner {
     // 0 chooses again.
     int32_t head_rows() const { return head_rows_; }
     void set_head_rows(int32_t n);
+    int32_t forced_head_rows() const { return forced_head_rows_; }
 
     // Features of the last decode's rows rows[0..n), n x (n_layers * n_embd) floats, appended to
     // out (the drafter's feed: one copy).
@@ -112,7 +114,7 @@ class TargetRunner {
     std::vector<float> lazy_logits_;         // lazy_n_ x n_vocab_ (or more), row j valid once lazy_done_[j]
     std::vector<uint8_t> lazy_done_;
     bool feeding_ = true;
-    int64_t lazy_rows_total_ = 0;
+    int64_t lazy_rows_total_ = 0, lazy_rows_read_total_ = 0;
     double lazy_seconds_ = 0;
     std::vector<uint8_t> lazy_read_;  // rows of the last decode the verify read
     int32_t head_rows_ = 0, forced_head_rows_ = 0;
