@@ -148,7 +148,9 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
     if (opts.tree_auto && (opts.tree_budget < 1 || !opts.drafts())) {
         throw Error("an automatic tree budget needs a largest budget >= 1 and a drafter");
     }
-    cost_model_ = CostModel(opts.n_slots, max_draft_, opts.tree_auto && max_draft_ > 0 ? opts.tree_budget : 0);
+    const int tree_max_budget = opts.tree_auto && max_draft_ > 0 ? opts.tree_budget : 0;
+    cost_model_ = CostModel(max_draft_, tree_max_budget);
+    source_kit_.lattice = LatticeKit(max_draft_, tree_max_budget);
     target_.claim();
     batch_cap_ = target_.n_batch();
     const llama_model * model = llama_get_model(ctx_.ctx);
@@ -164,7 +166,6 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
     // context paths may go deeper than the drafter's block
     step_width_ = std::max(max_draft_, opts.context_nodes > 0 ? kContextMaxDepth : 0);
     stats_.set_step_width(step_width_);
-    if (opts.context_nodes > 0) init_context();
     if (feed_drafters_) {
         // feature rows are copied at every step and prompt chunk: buffers of their largest size
         // from the start (address space only until used), so that requests of varying lengths
@@ -178,11 +179,11 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
         for (Slot & s : slots_) {
             s.drafting.feed.features.reserve(static_cast<size_t>(batch_cap_ + max_draft_ + 1) * width);
             s.drafting.feed.positions.reserve(static_cast<size_t>(batch_cap_ + max_draft_ + 1));
-            s.drafting.sources.set_lattice(std::make_unique<DFlashDraftSource>(
-                *s.drafting.drafter, s.drafting.feed, cost_model_.tree_policy(), cost_model_.lattice_calibration(),
-                target_.vocab(), source_opts));
+            s.drafting.sources.add(std::make_unique<DFlashDraftSource>(*s.drafting.drafter, s.drafting.feed,
+                                                                       source_kit_.lattice, target_.vocab(), source_opts));
         }
     }
+    if (opts.context_nodes > 0) init_context();
 }
 
 // One drafter per slot, each its own, fitting the target; max_draft_ = the smallest block.
@@ -348,6 +349,9 @@ void BatchEngine::commit_tokens(int idx, Slot & s, const std::vector<llama_token
     }
     counts[static_cast<size_t>(idx)] = k + 1;
     stats_.committed(s.request.stats, k + 1, true);
+    // the plan it ran (a block that came out empty verified nothing: plain)
+    const bool drafted = !s.rows.block.tokens.empty();
+    stats_.ran(s.request.stats, drafted ? s.plan : "plain", drafted ? s.plan_expected : 1.0, k + 1);
     s.seq.pos += k + 1;
     s.seq.anchor = next;
 }
@@ -373,10 +377,7 @@ void BatchEngine::commit_chain(int idx, Slot & s, std::vector<int32_t> & counts,
     }
     queue_rows(s, s.rows.row0, k + 1, s.seq.pos);  // anchor + accepted drafts are committed
     stats_.block(s.request.stats, n, false);
-    if (n > 0) {
-        stats_.drafted(s.request.stats, n, n, k);
-        cost_model_.observe_chain(idx, n, k);
-    }
+    if (n > 0) stats_.drafted(s.request.stats, n, n, k);
     commit_tokens(idx, s, std::vector<llama_token>(drafts.begin(), drafts.begin() + k), v.next, nullptr, counts,
                   tokens);
 }
@@ -468,14 +469,6 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
     const int depth = *std::max_element(t.depth.begin(), t.depth.end());
     stats_.block(s.request.stats, std::min(depth, max_draft_), true);
     stats_.drafted(s.request.stats, depth, n, k);
-    // (a merged tree's lattice nodes teach its calibration only: DFlashDraftSource::accept)
-    if (!s.rows.block.is_merged()) {
-        // the greedy selector's path is the tree's first-child chain (rows 1..its length), of
-        // which the path kept its first n_in_place nodes
-        int chain = 0;
-        for (int node = 0; node < n; ++node) chain += node_row[static_cast<size_t>(node)] == t.depth[static_cast<size_t>(node)];
-        cost_model_.observe_lattice_tree(idx, t, path, chain, n_in_place);
-    }
     std::vector<char> node_accepted(static_cast<size_t>(n), 0);
     for (const int32_t node : path) node_accepted[static_cast<size_t>(node)] = 1;
     commit_tokens(idx, s, accepted, v.next, &node_accepted, counts, tokens);
