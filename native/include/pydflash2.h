@@ -204,14 +204,10 @@ int64_t pdf2_context_caches_n_keys(const pdf2_context_caches * caches);
 int pdf2_context_caches_contains(const pdf2_context_caches * caches, const char * key);
 int64_t pdf2_context_caches_n_documents(const pdf2_context_caches * caches, const char * key);
 
-/* ---- Draft length: the cost model behind n_max = auto ----
- * For every draft count n = 0..n_draft (n_verify = n_draft + 1 verify costs, verify_s[B-1] for B rows;
- * draft_s[n-1]; acceptance[i-1] = conditional acceptance of block position i, n_draft values) writes
- * expected_tokens[n] (committed per step) and rate[n] (committed per second), as the engines'
- * adaptive policy scores them. Returns the n it would draft (the best rate), -1 on bad input. */
-int32_t pdf2_draft_length_rates(const double * verify_s, int32_t n_verify, const double * draft_s, int32_t n_draft,
-                                const double * acceptance, double * expected_tokens, double * rate);
-/* The engines' acceptance prior: a block position never drafted counts as prior_accepted accepted
+/* ---- Draft length: the chain's formula ----
+ * (What the engine chose and measured comes with its stats: pdf2_batch_engine_slot_stats_json's
+ * "plans"; no second decision is made outside it.)
+ * The engines' acceptance prior: a block position never drafted counts as prior_accepted accepted
  * drafts in prior_reached blocks that reached it (1 in 2). */
 double pdf2_draft_prior_reached(void);
 double pdf2_draft_prior_accepted(void);
