@@ -8,20 +8,21 @@
 
 namespace pdf2 {
 
-namespace {
-
-struct Registered {
+struct RegisteredSource {
     const char * name;
     std::unique_ptr<DraftSource> (*make)(SourceKit & kit);
 };
 
-// The registry: one line a source.
-const Registered REGISTRY[] = {
+// The registry: one line a source (a source in a file of its own may declare its maker there).
+static const RegisteredSource REGISTRY[] = {
     {"context", [](SourceKit & k) -> std::unique_ptr<DraftSource> {
          return std::make_unique<ContextDraftSource>(k.context_acceptance, k.context_caches);
      }},
     {"repeat", [](SourceKit &) -> std::unique_ptr<DraftSource> { return std::make_unique<RepeatDraftSource>(); }},
+    {"prompt-echo", [](SourceKit & k) { extern std::unique_ptr<DraftSource> make_prompt_echo(SourceKit &); return make_prompt_echo(k); }},
 };
+
+namespace {
 
 // Times one call into a source's counters.
 struct CallTimer {
@@ -33,17 +34,17 @@ struct CallTimer {
 }  // namespace
 
 std::unique_ptr<DraftSource> make_draft_source(const std::string & name, SourceKit & kit) {
-    for (const Registered & r : REGISTRY) {
+    for (const RegisteredSource & r : REGISTRY) {
         if (name == r.name) return r.make(kit);
     }
     std::string known;
-    for (const Registered & r : REGISTRY) known += std::string(known.empty() ? "" : ", ") + r.name;
+    for (const RegisteredSource & r : REGISTRY) known += std::string(known.empty() ? "" : ", ") + r.name;
     throw Error("unknown draft source '" + name + "' (known: " + known + ")");
 }
 
 std::vector<std::string> draft_source_names() {
     std::vector<std::string> out;
-    for (const Registered & r : REGISTRY) out.emplace_back(r.name);
+    for (const RegisteredSource & r : REGISTRY) out.emplace_back(r.name);
     return out;
 }
 
