@@ -289,7 +289,7 @@ class BatchEngine {
     const float * row_logits(int32_t row);  // of the last decode (lazily computed head rows included)
     int prefill_chunks(std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
 
-    // batch_engine.cpp: a step's verify rows, and the commits of verified rows
+    // batch_engine.cpp: a step's verify rows; batch_engine_commits.cpp: the commits of verified rows
     struct VerifyShape {
         int rows = 0;           // verified (fillers left out)
         bool plain = true;      // none of them a draft
@@ -305,12 +305,12 @@ class BatchEngine {
                        const std::vector<char> * node_accepted, std::vector<int32_t> & counts,
                        std::vector<llama_token> & tokens);
     void commit_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
+    void record_logprob(Slot & s, const float * logits, llama_token token);
+    void cut_tree_at_once(const Slot & s, const std::vector<int32_t> & path, int n_in_place);
     void write_context_stats(JsonWriter & w) const;  // batch_engine_stats.cpp
     void write_ledger(JsonWriter & w) const;
     void write_source_stats(JsonWriter & w, const Slot * slot) const;  // one slot's request, or all
     void init_context();  // batch_engine_context.cpp: the slots' context sources, the global cache
-    void record_logprob(Slot & s, const float * logits, llama_token token);
-    void cut_tree_at_once(const Slot & s, const std::vector<int32_t> & path, int n_in_place);
     void queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0);  // rows row0.. at positions pos0..
     void queue_rows(Slot & s, const std::vector<int32_t> & rows, int32_t pos0);
     int32_t reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt);
