@@ -151,21 +151,14 @@ int CostModel::tree_budget(const std::vector<const Offer *> & offers, int n_chai
 // The known candidates are calibrated before any drafting; the merged tree's gain over either
 // side is not (the proposing source's half comes with the propose), so it is priced at the better
 // side's expectation, a lower bound.
-bool CostModel::candidates_alone(const std::vector<double> & e, double proposed, int rows, int n,
-                                 double * committed) const {
-    if (!priced()) {
-        const bool alone = e.back() >= proposed;
-        *committed = 1.0 + (alone ? e.back() : std::max(e.back(), proposed));
-        return alone;
-    }
+bool CostModel::candidates_alone(const std::vector<double> & e, double proposed, int rows, int n) const {
+    if (!priced()) return e.back() >= proposed;
     const auto known_price = [&](int b) { return costs_.price(1.0 + e[static_cast<size_t>(b)], 1, b + 1, 0); };
     const int known_rows = best_rate(0, static_cast<int>(e.size()) - 1, known_price).index + 1;
     const double known_expected = e[static_cast<size_t>(known_rows - 1)];
     const Price merged = costs_.price(1.0 + std::max(known_expected, proposed), 1, std::max(known_rows, rows), n);
     // the candidates alone first: a tie keeps them (no propose)
-    const Choice c = best_rate(0, 1, [&](int i) { return i == 0 ? known_price(known_rows - 1) : merged; });
-    *committed = c.price.committed;
-    return c.index == 0;
+    return best_rate(0, 1, [&](int i) { return i == 0 ? known_price(known_rows - 1) : merged; }).index == 0;
 }
 
 int CostModel::tree_prefix(const DraftTree & t) const {

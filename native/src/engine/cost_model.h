@@ -68,9 +68,9 @@ class CostModel {
     int tree_budget(const std::vector<const Offer *> & offers, int n_chain, bool chain_probe);
     // Known candidates: e[b] = their expected accepted drafts in their best tree of b nodes (b =
     // 0..); `proposed` what the proposing sources expect of the block they would draft (n drafts,
-    // `rows` verify rows after the anchor). True: the candidates' tree alone (no propose) commits at
-    // least the merged tree's rate. Its price: the expected tokens of the option chosen.
-    bool candidates_alone(const std::vector<double> & e, double proposed, int rows, int n, double * committed) const;
+    // `rows` verify rows with the anchor). True: the candidates' tree alone (no propose) commits at
+    // least the merged tree's rate.
+    bool candidates_alone(const std::vector<double> & e, double proposed, int rows, int n) const;
     // a merged tree's first nodes to verify (the best prefix; all when unpriced)
     int tree_prefix(const DraftTree & t) const;
 

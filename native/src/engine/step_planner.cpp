@@ -131,8 +131,7 @@ void BatchEngine::plan_context(StepPlan & plan) {
         block.n_drafts = p.n_drafts;
         block.tree_budget = p.tree_budget;
         const int rows = 1 + (p.tree_budget > 0 ? p.tree_budget : p.n_drafts);
-        double committed = 1.0;
-        p.propose = !cost_model_.candidates_alone(e, plan.proposals[i].expected(block), rows, p.n_drafts, &committed);
+        p.propose = !cost_model_.candidates_alone(e, plan.proposals[i].expected(block), rows, p.n_drafts);
     }
 }
 
