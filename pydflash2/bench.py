@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .draft_decision import explain_run, explain_tree_auto
+from .draft_decision import block_positions, explain_run, explain_tree_auto, merge_plans
 from .draft_tree import tree_budget_spec
 
 DEFAULT_PROMPTS = [
@@ -93,7 +93,6 @@ def run_bench(cfg: BenchConfig) -> int:
                                                               temperature=temp, seed=1000 * rep + i, chat=cfg.chat)
                 runs[(n_max, sel, tree, ctx, temp)].append(out.stats)
         print(f"repeat {rep + 1}/{cfg.repeats} done", file=sys.stderr)
-    costs = {key: spec.costs for key, spec in specs.items()}  # the auto cost model's inputs, per configuration
     for spec in specs.values():
         spec.close()
 
@@ -102,9 +101,12 @@ def run_bench(cfg: BenchConfig) -> int:
         tokens = sum(s["completion_tokens"] - 1 for s in stats)
         decode_s = sum(s["total_s"] - s["ttft_s"] for s in stats)
         steps = sum(s["n_steps"] for s in stats)
-        width = len(stats[0]["drafted_per_position"])
-        drafted = np.sum([s["drafted_per_position"] for s in stats], axis=0) if width else []
-        accepted = np.sum([s["accepted_per_position"] for s in stats], axis=0) if width else []
+        drafted = np.sum([s["drafted_per_position"] for s in stats], axis=0) if stats[0]["drafted_per_position"] else []
+        accepted = np.sum([s["accepted_per_position"] for s in stats], axis=0) if len(drafted) else []
+        # the block's positions (a context path may reach deeper)
+        width = block_positions({"max_draft": stats[0]["max_draft"], "drafted_per_position": list(drafted)})
+        drafted, accepted = drafted[:width], accepted[:width]
+        plans = merge_plans(s["plans"] for s in stats)  # what the engine ran, over the runs
         phases = {k: float(sum(s["phases"][k] for s in stats)) for k in stats[0]["phases"]}
         results.append({
             "n_max": n_max, "selector": sel, "tree_budget": tree, "context_drafts": ctx, "temperature": temp,
@@ -121,16 +123,18 @@ def run_bench(cfg: BenchConfig) -> int:
             "drafted_per_position": [int(x) for x in drafted],
             "accepted_per_position": [int(x) for x in accepted],
             "acceptance_per_position": [float(a) / d if d else None for a, d in zip(accepted, drafted, strict=True)],
+            "plans": plans,
             # drafted tree nodes (chain drafts) and accepted ones, by source
             **{k: int(sum(s[k] for s in stats)) for k in ("lattice_drafted", "lattice_accepted", "context_drafted",
                                                            "context_accepted", "context_steps", "propose_skipped")},
         })
-        if tree == "auto":  # the share of steps that verified a tree, and the model's latest view
-            results[-1]["tree_steps"] = sum(s["n_tree_steps"] for s in stats)
-            results[-1]["auto_decision"] = explain_tree_auto({**stats[-1], "n_steps": steps,
-                                                              "n_tree_steps": results[-1]["tree_steps"]})
-        elif n_max == "auto" and not tree:  # what auto decided over these runs, and why
-            results[-1]["auto_decision"] = explain_run(costs[(n_max, sel, tree, ctx)], results[-1])
+        if "auto" in (n_max, tree):  # what the engine chose over these runs, and what it measured
+            tree_view = None
+            if tree == "auto":  # the share of steps that verified a tree, and the model's last weighing
+                results[-1]["tree_steps"] = sum(s["n_tree_steps"] for s in stats)
+                tree_view = explain_tree_auto({**stats[-1], "n_steps": steps,
+                                               "n_tree_steps": results[-1]["tree_steps"]})
+            results[-1]["auto_decision"] = " ".join(x for x in (explain_run({"plans": plans}), tree_view) if x)
     for r in results:
         base = next(b for b in results if b["n_max"] == 0 and b["context_drafts"] == "off"
                     and b["temperature"] == r["temperature"])

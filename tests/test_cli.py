@@ -68,8 +68,8 @@ def test_generate_json_matches_plain_greedy(tmp_path, target_gguf, drafter2_gguf
              "--max-tokens", "16", "--raw", "--n-max", "3", "--json", "--n-ctx", "256", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert set(out) == {"text", "tokens", "finish_reason", "stats", "auto_decision"}
-    assert out["auto_decision"] is None  # a fixed n_max: no cost model to explain
+    assert set(out) == {"text", "tokens", "finish_reason", "stats"}
+    assert out["stats"]["explanation"] is None  # a fixed n_max: no choice to explain
     assert {"tau", "n_max", "tokens_per_second", "ttft_s", "draft_s", "verify_s", "drafted_per_position",
             "accepted_per_position"} <= set(out["stats"])
     assert out["finish_reason"] == "length" and len(out["tokens"]) == 16
@@ -86,6 +86,45 @@ def test_generate_json_matches_plain_greedy(tmp_path, target_gguf, drafter2_gguf
     # exact on a batch-invariant build, else equal up to a near-tie (tests/lossless.py)
     check_greedy(out["tokens"], plain, exact=exactness.llama_invariance(llm).batch_invariant)
     assert out["stats"]["exact"] is exactness.llama_invariance(llm).batch_invariant
+
+
+def test_generate_explains_the_plan_the_engine_ran_most(tmp_path, target_gguf, drafter2_gguf) -> None:
+    """n_max auto: the explanation (the same in --json, as stats["explanation"]) names the plan the
+    engine ran in most steps, checked against the engine's own histogram of drafts per step, with the
+    taus the engine recorded for it."""
+    from pydflash2.draft_decision import ran_most
+
+    r = _run("generate", "Once upon a time", "--model", str(target_gguf), "--draft", str(drafter2_gguf),
+             "--max-tokens", "24", "--raw", "--n-max", "auto", "--context-drafts", "off", "--json", "--n-ctx", "256",
+             cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)["stats"]
+    plans, hist = s["plans"], s["n_max_histogram"]
+    top = ran_most(plans)
+    assert top is not None
+    # every verify step is one plan's, and a chain of n is the histogram's n drafts (plain: 0)
+    assert sum(p["steps"] for p in plans) == sum(hist)
+    for p in plans:
+        n = 0 if p["plan"] == "plain" else int(p["plan"].removeprefix("chain of "))
+        assert hist[n] == p["steps"], (p, hist)
+        assert 1.0 <= p["tau"] <= n + 1 and 1.0 <= p["expected_tau"] <= n + 1
+    assert top["steps"] == max(hist)
+    words = "plain decoding" if top["plan"] == "plain" else top["plan"].replace("chain of ", "a chain of ")
+    total = sum(hist)
+    assert s["explanation"].startswith(f"auto: the engine ran {words}")
+    assert f" in {top['steps']} of {total} steps (expected tau {top['expected_tau']:.2f}, " \
+           f"measured {top['tau']:.2f})" in s["explanation"]
+    # the text run prints the same explanation, and the acceptance of the block's positions only
+    text = _run("generate", "Once upon a time", "--model", str(target_gguf), "--draft", str(drafter2_gguf),
+                "--max-tokens", "24", "--raw", "--n-max", "auto", "--n-ctx", "256", cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert "auto: the engine ran " in text.stderr
+    line = next((x for x in text.stderr.splitlines() if x.startswith("acceptance per")), None)
+    if line is not None:
+        columns = line.split(": ", 1)[1].split(" (")[0].split()
+        n_positions = int(line.split("1..", 1)[1].split(":")[0])
+        # the block's positions (max_draft = len(hist) - 1), or as deep as a context path reached
+        assert len(columns) == n_positions >= len(hist) - 1
 
 
 def test_generate_with_a_tree_budget(tmp_path, target_gguf, drafter2_gguf) -> None:
@@ -106,7 +145,9 @@ def test_generate_with_a_tree_budget(tmp_path, target_gguf, drafter2_gguf) -> No
     assert auto.returncode == 0, auto.stderr
     a = json.loads(auto.stdout)
     assert a["stats"]["tree_budget"] == "auto" and a["tokens"] == c["tokens"]
-    assert a["auto_decision"].startswith("auto tree: ") and " steps verified a tree" in a["auto_decision"]
+    explanation = a["stats"]["explanation"]
+    assert explanation.startswith("auto: the engine ran ") and " steps verified a tree" in explanation
+    assert "auto tree: " in explanation
 
 
 def test_generate_streams_text_and_reports_to_stderr(tmp_path, target_gguf, drafter2_gguf) -> None:
@@ -251,7 +292,7 @@ def test_bench_runs_tree_budgets_beside_the_chain(tmp_path, target_gguf, drafter
     assert {(x["n_max"], x["tree_budget"]) for x in results} == {(0, 0), (3, 0), (3, 6), (3, "auto")}
     assert "tree=6" in r.stdout and "tree=auto" in r.stdout
     auto = next(x for x in results if x["tree_budget"] == "auto")
-    assert auto["auto_decision"].startswith("auto tree: ") and 0 <= auto["tree_steps"]
+    assert "auto tree: " in auto["auto_decision"] and 0 <= auto["tree_steps"]
 
 
 def test_context_drafts_in_generate_and_bench(tmp_path, target_gguf, drafter2_gguf, capfd, monkeypatch) -> None:

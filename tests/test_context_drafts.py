@@ -365,7 +365,7 @@ def test_a_registered_source_joins_the_merged_tree(hot_pair, llm, exact) -> None
     prompts = [" the west" * 5, " he a t" * 6]
     plain = {p: plain_greedy(llm, _ids(llm, p), N_TOKENS) for p in prompts}
     with Speculator(llm, str(hot_pair[1]), n_max=7, tree_budget=16, context_drafts="request") as spec:
-        with pytest.raises(Exception, match="unknown draft source 'nope' \\(known: context, repeat\\)"):
+        with pytest.raises(Exception, match="unknown draft source 'nope' \\(known: context, repeat, prompt-echo\\)"):
             spec.add_draft_source("nope")
         spec.add_draft_source("repeat")
         with pytest.raises(Exception, match="already there"):
@@ -384,6 +384,64 @@ def test_a_registered_source_joins_the_merged_tree(hot_pair, llm, exact) -> None
     assert sources["repeat"]["accepted"] > 0  # its candidates were in the verified trees, and right
     assert engine["repeat"]["drafted"] == sources["repeat"]["drafted"]  # the engine's sum over requests
     assert out.stats["lattice_drafted"] == out.stats["sources"]["lattice"]["drafted"]
+
+
+def _source_block(name: str, prompt: list[int], committed: list[int], n: int, tree_budget: int) -> tuple:
+    """One registered source alone (native pdf2_draft_source_block): its block's nodes as
+    (token, parent) pairs, and whether it is a tree."""
+    cap = 64
+    token, parent = ffi.new("int32_t[]", cap), ffi.new("int32_t[]", cap)
+    n_nodes, is_tree = ffi.new("int32_t *"), ffi.new("int32_t *")
+    assert lib.pdf2_draft_source_block(name.encode(), ffi.new("int32_t[]", prompt), len(prompt),
+                                       ffi.new("int32_t[]", committed), len(committed), n, tree_budget, cap,
+                                       token, parent, n_nodes, is_tree) == 0
+    return [(token[i], parent[i]) for i in range(n_nodes[0])], bool(is_tree[0])
+
+
+def test_a_toy_source_drafts_chains_and_tree_nodes() -> None:
+    """The fourth source, "prompt-echo" (native prompt_echo_draft_source.cpp: one file and one line of
+    the registry), as a function of its context, its docstring's worked example: prompt [5 6 7 5 8],
+    the stream ending in 5. Asked for a chain it drafts the latest occurrence's continuation; for
+    tree nodes, its branches best first (the latest occurrence's first)."""
+    prompt = [5, 6, 7, 5, 8]
+    chain, is_tree = _source_block("prompt-echo", prompt, [9, 5], 3, 0)
+    assert not is_tree and chain == [(8, -1)]
+    tree, is_tree = _source_block("prompt-echo", prompt, [9, 5], 3, 8)
+    assert is_tree and sorted(tree) == sorted([(8, -1), (6, -1), (7, 1), (5, 2)])
+    assert tree[0] == (8, -1)  # the latest occurrence's branch is the more likely
+    assert _source_block("prompt-echo", prompt, [9, 5], 3, 2)[0] == [(8, -1), (6, -1)]  # a budget of 2: the best 2
+    assert _source_block("prompt-echo", prompt, [9, 4], 3, 8) == ([], False)  # 4 is not in the prompt
+    with pytest.raises(AssertionError):
+        _source_block("nope", prompt, [], 3, 0)
+    from pydflash2._native import last_error
+
+    assert "unknown draft source 'nope'" in last_error()
+
+
+def test_a_toy_source_is_priced_and_merged_like_the_lattice(hot_pair, llm, exact) -> None:
+    """Added by name to an automatic engine (the draft length and the tree budget from the costs),
+    the toy's offer is priced by the same cost model and merged by the same tree as the lattice's and
+    the context's: its nodes are verified and accepted, greedy stays plain greedy, and the dispatcher
+    counts and times every call to it."""
+    plain = {p: plain_greedy(llm, _ids(llm, p), N_TOKENS) for p in REPEATING}
+    sources: dict[str, int] = {}
+    plans: set[str] = set()
+    with Speculator(llm, str(hot_pair[1]), n_max="auto", tree_budget="auto", context_drafts="request") as spec:
+        spec.add_draft_source("prompt-echo")
+        # rows nearly free (a GPU's case), so that the cost model verifies merged trees
+        spec.set_costs([0.01 + 0.0001 * b for b in range(spec.max_verify_rows)], [0.002] * spec.max_draft)
+        for p in REPEATING:
+            out = spec.generate(_ids(llm, p), max_tokens=N_TOKENS)
+            check_greedy(out.tokens, plain[p], exact=exact, delta=DELTA_TINY, what=("prompt-echo", p))
+            for k in ("drafted", "accepted"):
+                sources[k] = sources.get(k, 0) + out.stats["sources"]["prompt-echo"][k]
+            plans |= {x["plan"] for x in out.stats["plans"]}
+        engine = spec.engine_stats()["sources"]
+    print(f"prompt-echo: {sources}; plans {sorted(plans)}")
+    assert sources["accepted"] > 0 and sources["drafted"] >= sources["accepted"]
+    assert plans & {"merged tree", "candidates' tree"}
+    assert engine["prompt-echo"]["calls"] > 0 and engine["prompt-echo"]["seconds"] > 0
+    assert engine["prompt-echo"]["drafted"] == sources["drafted"]
 
 
 def test_a_source_needs_merged_trees(hot_pair) -> None:

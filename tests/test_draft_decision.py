@@ -1,75 +1,64 @@
-"""The auto explanation: the native cost model's decision from given costs and acceptance, on both
-sides of break-even, and the numbers it prints (checked against a float reference written here)."""
+"""The explanation words what the engine ran (its stats' "plans") and decides nothing itself: the
+plan it names is the one with most steps, with the taus the engine recorded for it. (A run of
+generate against the engine's own histogram: tests/test_cli.py.)"""
 
 from __future__ import annotations
 
 import pytest
 
-from pydflash2.draft_decision import acceptance_estimate, decide, explain_run, explain_tree_auto
+from pydflash2.draft_decision import block_positions, expected_tokens, explain_run, explain_tree_auto, merge_plans
 
-VERIFY = [0.010, 0.015, 0.020, 0.025]  # seconds for 1..4 rows: 4 rows cost 2.5x one
-DRAFT = [0.001, 0.001, 0.001]
-
-
-def reference_rates(verify: list[float], draft: list[float], acceptance: list[float]) -> list[float]:
-    rates = []
-    for n in range(len(draft) + 1):
-        tau, reach = 1.0, 1.0
-        for a in acceptance[:n]:
-            reach *= a
-            tau += reach
-        rates.append(tau / (verify[n] + (draft[n - 1] if n else 0.0)))
-    return rates
+PLANS = [
+    {"plan": "plain", "steps": 45, "expected_tau": 1.0, "tau": 1.0},
+    {"plan": "chain of 1", "steps": 15, "expected_tau": 1.5, "tau": 1.0667},
+]
 
 
-def test_weak_drafter_decodes_plainly_and_says_why() -> None:
-    acceptance = [0.5, 0.5, 0.5]
-    d = decide(VERIFY, DRAFT, acceptance)
-    rates = reference_rates(VERIFY, DRAFT, acceptance)
-    assert d.n == 0 == max(range(4), key=lambda n: rates[n])
-    assert d.rate == pytest.approx(rates)
-    assert d.break_even_tau[3] == pytest.approx((0.025 + 0.001) / 0.010)
-    msg = d.message()
-    assert msg.startswith("auto: plain decoding")
-    assert "Verifying 4 rows costs 2.5x one row" in msg
-    assert "3 drafts pay only above tau 2.60" in msg
-    assert "(1 draft above 1.60)" in msg
-    assert "estimate is tau 1.88 at 3 drafts (1.50 at 1)" in msg
+def test_names_the_plan_run_most_with_its_taus() -> None:
+    msg = explain_run({"plans": PLANS})
+    assert msg is not None
+    assert msg.startswith("auto: the engine ran plain decoding in 45 of 60 steps (expected tau 1.00, measured 1.00)")
+    assert "then a chain of 1 draft in 15 (expected tau 1.50, measured 1.07)" in msg
+    # the order of the record does not matter, the steps do
+    flipped = [{**PLANS[0], "steps": 10}, PLANS[1]]
+    msg = explain_run({"plans": flipped})
+    assert msg is not None and msg.startswith("auto: the engine ran a chain of 1 draft in 15 of 25 steps")
 
 
-def test_strong_drafter_drafts_and_states_the_gain() -> None:
-    acceptance = [0.9, 0.9, 0.9]
-    d = decide(VERIFY, DRAFT, acceptance)
-    rates = reference_rates(VERIFY, DRAFT, acceptance)
-    assert d.n == 3 == max(range(4), key=lambda n: rates[n])
-    assert d.speedup == pytest.approx(rates[3] / rates[0])
-    msg = d.message()
-    assert "auto: 3 drafts per step" in msg
-    assert "expected tau 3.44" in msg and "break-even of 2.60" in msg
-    assert f"{rates[3] / rates[0]:.2f}x plain" in msg and "1.32x" in msg
+def test_names_trees_and_merged_plans() -> None:
+    plans = [{"plan": "tree of 16", "steps": 3, "expected_tau": 2.5, "tau": 2.0},
+             {"plan": "merged tree", "steps": 9, "expected_tau": 3.0, "tau": 3.5},
+             {"plan": "candidates' tree", "steps": 1, "expected_tau": 2.0, "tau": 1.0}]
+    msg = explain_run({"plans": plans})
+    assert msg is not None and msg.startswith("auto: the engine ran the drafter's and the context's merged tree in 9")
+    assert "a tree of 16 nodes in 3" in msg and "the context's tree alone (no propose) in 1" in msg
+    assert explain_run({"plans": []}) is None and explain_run({}) is None
 
 
-def test_decision_moves_at_break_even() -> None:
-    # one draft: tau 1 + a against break-even (0.015 + 0.001) / 0.010 = 1.6
-    assert decide(VERIFY[:2], DRAFT[:1], [0.59]).n == 0
-    assert decide(VERIFY[:2], DRAFT[:1], [0.61]).n == 1
+def test_merged_runs_weigh_taus_by_steps() -> None:
+    a = [{"plan": "chain of 3", "steps": 10, "expected_tau": 2.0, "tau": 3.0}]
+    b = [{"plan": "chain of 3", "steps": 30, "expected_tau": 3.0, "tau": 1.0},
+         {"plan": "plain", "steps": 5, "expected_tau": 1.0, "tau": 1.0}]
+    m = merge_plans([a, b])
+    assert [p["plan"] for p in m] == ["chain of 3", "plain"]
+    assert m[0]["steps"] == 40
+    assert m[0]["expected_tau"] == pytest.approx((10 * 2.0 + 30 * 3.0) / 40)
+    assert m[0]["tau"] == pytest.approx((10 * 3.0 + 30 * 1.0) / 40)
 
 
-def test_run_counts_use_the_engines_prior() -> None:
-    assert acceptance_estimate([0, 10], [0, 8]) == [0.5, 9 / 12]
-    stats = {"drafted_per_position": [40, 20, 10], "accepted_per_position": [38, 19, 9]}
-    msg = explain_run({"verify_s": VERIFY, "draft_s": DRAFT}, stats)
-    assert msg is not None and msg.startswith("auto: 3 drafts")
-    assert explain_run(None, stats) is None
+def test_acceptance_columns_are_the_blocks_positions() -> None:
+    # an 8-row block (7 drafts) whose stats are as wide as a context path (32): 7 columns
+    stats = {"max_draft": 7, "drafted_per_position": [5, 4, 3, 0, 0, 0, 0] + [0] * 25}
+    assert block_positions(stats) == 7
+    # a context path that went deeper than the block shows as far as it went
+    stats["drafted_per_position"][10] = 1
+    assert block_positions(stats) == 11
 
 
-def test_bad_costs_are_an_error() -> None:
-    with pytest.raises(ValueError, match="verify costs"):
-        decide(VERIFY, DRAFT, [0.5, 0.5])
-    with pytest.raises(ValueError, match="finite"):
-        decide([0.01, float("nan")], [0.001], [0.5])
-    with pytest.raises(ValueError, match="acceptances in"):
-        decide([0.01, 0.02], [0.001], [1.5])
+def test_expected_tokens_is_the_chains_formula() -> None:
+    assert expected_tokens([0.5, 0.5, 0.5]) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    with pytest.raises(ValueError, match="acceptances"):
+        expected_tokens([1.5])
 
 
 def test_tree_auto_explanation_names_the_choice() -> None:
@@ -79,12 +68,12 @@ def test_tree_auto_explanation_names_the_choice() -> None:
     msg = explain_tree_auto({"tree_auto": model, "n_steps": 60, "n_tree_steps": 2})
     assert msg is not None and msg.startswith("auto tree: 2 of 60 steps verified a tree (up to 16 nodes; 2 probes")
     assert "a tree of 4 nodes at tau 1.90, 40.0 tok/s, against plain decoding" in msg and msg.endswith(
-        "plain decoding next.")
+        "it chose plain decoding.")
     one = explain_tree_auto({"tree_auto": {**model, "probes": 1}, "n_steps": 60, "n_tree_steps": 1})
     assert one is not None and "(up to 16 nodes; 1 probe over the engine's life)" in one
     faster = {**model, "tree_rate": 80.0, "chain_n": 3, "chain_expected_tokens": 1.6, "chain_rate": 60.0,
               "choice": "tree"}
     msg = explain_tree_auto({"tree_auto": faster, "n_steps": 60, "n_tree_steps": 50})
     assert msg is not None and "the chain of 3 drafts at tau 1.60, 60.0 tok/s (plain 50.0 tok/s)" in msg
-    assert msg.endswith("a tree next.")
+    assert msg.endswith("it chose a tree.")
     assert explain_tree_auto({"tree_auto": None, "n_steps": 1}) is None

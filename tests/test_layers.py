@@ -205,7 +205,7 @@ def test_draft_sources_do_not_know_the_engine() -> None:
 def test_only_the_stats_recorder_writes_the_counters() -> None:
     """The engine's counters (BatchStats, each request's SlotStats) have one owner, engine_stats.*: the
     planner, the batch builder and the commits report through its methods; the step ledger's parts are
-    written by its scopes; each draft source keeps its own counters."""
+    written by its scopes; the draft sources' counters are kept by their dispatcher (SlotSources)."""
     write = re.compile(r"\b(?:stats|st)\.\w+(?:\[[^\]]*\])?\s*(?:\+=|-=|=(?!=)|\+\+)")
     for f in sorted(ENGINE.glob("*.cpp")):
         if f.stem != "engine_stats":
@@ -217,11 +217,11 @@ def test_only_the_stats_recorder_writes_the_counters() -> None:
 def test_only_the_cost_model_chooses() -> None:
     """The one rate, committed tokens per second, is Price::rate in step_price.h, and the one choice
     among priced options is best_rate there: no other engine file divides by seconds or keeps a best
-    rate of its own. Only the cost model (cost_model.*) and the policies it owns call the chooser or
-    price a step: the planner asks the model and applies its answers. The Python side reads the
-    engine's choices (draft_decision.py)."""
+    rate of its own. Only the cost model (cost_model.*) and the chain's formula (draft_length.cpp)
+    call the chooser or price a step: the planner asks the model and applies its answers. The Python
+    side reads the engine's choices (draft_decision.py)."""
     rate = re.compile(r"/\s*std::max\([^;]*(seconds|1e-9)|best_rate\s*=|rate\s*>\s*\w*rate")
-    choosers = {"cost_model.cpp", "draft_length.cpp", "tree_budget.h", "merged_draft_tree.h", "step_price.h"}
+    choosers = {"cost_model.cpp", "draft_length.cpp", "merged_draft_tree.h", "step_price.h"}
     seen = set()
     for f in sorted(ENGINE.glob("*.[ch]*")):
         text = f.read_text(encoding="utf-8")

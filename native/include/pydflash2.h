@@ -204,14 +204,10 @@ int64_t pdf2_context_caches_n_keys(const pdf2_context_caches * caches);
 int pdf2_context_caches_contains(const pdf2_context_caches * caches, const char * key);
 int64_t pdf2_context_caches_n_documents(const pdf2_context_caches * caches, const char * key);
 
-/* ---- Draft length: the cost model behind n_max = auto ----
- * For every draft count n = 0..n_draft (n_verify = n_draft + 1 verify costs, verify_s[B-1] for B rows;
- * draft_s[n-1]; acceptance[i-1] = conditional acceptance of block position i, n_draft values) writes
- * expected_tokens[n] (committed per step) and rate[n] (committed per second), as the engines'
- * adaptive policy scores them. Returns the n it would draft (the best rate), -1 on bad input. */
-int32_t pdf2_draft_length_rates(const double * verify_s, int32_t n_verify, const double * draft_s, int32_t n_draft,
-                                const double * acceptance, double * expected_tokens, double * rate);
-/* The engines' acceptance prior: a block position never drafted counts as prior_accepted accepted
+/* ---- Draft length: the chain's formula ----
+ * (What the engine chose and measured comes with its stats: pdf2_batch_engine_slot_stats_json's
+ * "plans"; no second decision is made outside it.)
+ * The engines' acceptance prior: a block position never drafted counts as prior_accepted accepted
  * drafts in prior_reached blocks that reached it (1 in 2). */
 double pdf2_draft_prior_reached(void);
 double pdf2_draft_prior_accepted(void);
@@ -301,6 +297,14 @@ int pdf2_batch_engine_set_context_drafts(pdf2_batch_engine * e, int32_t slot, in
  * last tokens' repeated run); its candidates join the merged trees beside the context's. Needs an
  * engine made with context_nodes > 0 and every slot idle. 0 / -1 (unknown name, added twice...). */
 int pdf2_batch_engine_add_draft_source(pdf2_batch_engine * e, const char * name);
+/* One registered draft source alone, as a function of its context (tests and examples): made by
+ * name, begun on prompt[0..n_prompt), told one verified step's committed[0..n_committed) (none:
+ * n_committed 0), then asked for a block of at most n drafts, a chain, or a tree of at most
+ * tree_budget nodes when > 0. Writes *n_nodes, *is_tree and up to cap nodes: token[i], parent[i]
+ * (-1: under the anchor; a chain's i - 1). 0 / -1 (an unknown name: the registered ones in the error). */
+int pdf2_draft_source_block(const char * name, const int32_t * prompt, int32_t n_prompt, const int32_t * committed,
+                            int32_t n_committed, int32_t n, int32_t tree_budget, int32_t cap, int32_t * token,
+                            int32_t * parent, int32_t * n_nodes, int32_t * is_tree);
 /* Bounds of the global context cache (defaults: 16 keys, per key 256 past outputs and 128K
  * tokens): the least recently used key, and a key's oldest outputs, go first. Empties it. 0 / -1. */
 int pdf2_batch_engine_set_context_cache_limits(pdf2_batch_engine * e, int32_t max_keys, int32_t max_documents,

@@ -30,7 +30,7 @@ NAME = "generate"
 STATS_KEYS = ("exact", "tau", "n_max", "tree_budget", "context_drafts", "lattice_drafted", "lattice_accepted",
               "context_drafted", "context_accepted", "propose_skipped", "tokens_per_second", "ttft_s", "draft_s",
               "verify_s", "inject_s", "drafted_per_position", "accepted_per_position", "n_max_histogram", "total_s",
-              "phases", "drafter_graph_builds")
+              "phases", "drafter_graph_builds", "plans", "explanation")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .._native import NativeError
-    from ..draft_decision import explain_run, explain_tree_auto
+    from ..draft_decision import block_positions, explain_run, explain_tree_auto
     from ..exactness import ExactnessUnavailable
     from ..models import resolve_target
     from ..speculator import GenerationError, Speculator
@@ -99,13 +99,14 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     assert out is not None
     s = out.stats
-    if args.tree_budget == "auto" and draft:
-        explanation = explain_tree_auto(s)
-    else:
-        explanation = explain_run(spec.costs, s) if args.n_max == "auto" and draft and not args.tree_budget else None
+    # what the engine's cost model chose and measured (its stats' plans): where it chose (auto)
+    explanation = None
+    if draft and "auto" in (args.n_max, args.tree_budget):
+        explanation = " ".join(x for x in (explain_run(s), explain_tree_auto(s)) if x) or None
+    s["explanation"] = explanation
     if args.json:
         print(json.dumps({"text": out.text, "tokens": out.tokens, "finish_reason": out.finish_reason,
-                          "stats": {k: s[k] for k in STATS_KEYS}, "auto_decision": explanation}))
+                          "stats": {k: s[k] for k in STATS_KEYS}}))
     else:
         print(f"[{out.finish_reason}] {len(out.tokens)} tokens, {s['tokens_per_second']:.1f} tok/s, "
               f"tau {s['tau']:.2f}, ttft {s['ttft_s'] * 1000:.0f} ms, n_max {s['n_max']}, "
@@ -113,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
               + (f"context drafts {s['context_accepted']}/{s['context_drafted']} accepted "
                  f"({s['propose_skipped']} steps without the drafter), " if s["context_drafted"] else "") +
               f"exact {'yes' if s['exact'] else 'no'}", file=sys.stderr)
-    drafted, accepted = s["drafted_per_position"], s["accepted_per_position"]
+    width = block_positions(s)  # the block's positions (a context path may reach deeper)
+    drafted, accepted = s["drafted_per_position"][:width], s["accepted_per_position"][:width]
     if not args.json and any(drafted):
         per_position = " ".join(f"{a / d:.2f}" if d else "-" for d, a in zip(drafted, accepted, strict=True))
         where = "tree depth" if s["tree_budget"] else "block position"

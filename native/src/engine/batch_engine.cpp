@@ -2,7 +2,6 @@
 
 #include "common/errors.h"
 #include "common/json_writer.h"
-#include "engine/verify.h"
 
 #include <algorithm>
 #include <chrono>
@@ -148,7 +147,9 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
     if (opts.tree_auto && (opts.tree_budget < 1 || !opts.drafts())) {
         throw Error("an automatic tree budget needs a largest budget >= 1 and a drafter");
     }
-    cost_model_ = CostModel(opts.n_slots, max_draft_, opts.tree_auto && max_draft_ > 0 ? opts.tree_budget : 0);
+    const int tree_max_budget = opts.tree_auto && max_draft_ > 0 ? opts.tree_budget : 0;
+    cost_model_ = CostModel(max_draft_, tree_max_budget);
+    source_kit_.lattice = LatticeKit(max_draft_, tree_max_budget);
     target_.claim();
     batch_cap_ = target_.n_batch();
     const llama_model * model = llama_get_model(ctx_.ctx);
@@ -164,7 +165,6 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
     // context paths may go deeper than the drafter's block
     step_width_ = std::max(max_draft_, opts.context_nodes > 0 ? kContextMaxDepth : 0);
     stats_.set_step_width(step_width_);
-    if (opts.context_nodes > 0) init_context();
     if (feed_drafters_) {
         // feature rows are copied at every step and prompt chunk: buffers of their largest size
         // from the start (address space only until used), so that requests of varying lengths
@@ -178,11 +178,11 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
         for (Slot & s : slots_) {
             s.drafting.feed.features.reserve(static_cast<size_t>(batch_cap_ + max_draft_ + 1) * width);
             s.drafting.feed.positions.reserve(static_cast<size_t>(batch_cap_ + max_draft_ + 1));
-            s.drafting.sources.set_lattice(std::make_unique<DFlashDraftSource>(
-                *s.drafting.drafter, s.drafting.feed, cost_model_.tree_policy(), cost_model_.lattice_calibration(),
-                target_.vocab(), source_opts));
+            s.drafting.sources.add(std::make_unique<DFlashDraftSource>(*s.drafting.drafter, s.drafting.feed,
+                                                                       source_kit_.lattice, target_.vocab(), source_opts));
         }
     }
+    if (opts.context_nodes > 0) init_context();
 }
 
 // One drafter per slot, each its own, fitting the target; max_draft_ = the smallest block.
@@ -338,197 +338,6 @@ BatchEngine::VerifyShape BatchEngine::verify_step(std::vector<int32_t> & counts,
         }
     }
     return shape;
-}
-
-// The committed tokens of a verified step: out[0..k) the accepted drafts, out[k] the next anchor.
-void BatchEngine::commit_tokens(int idx, Slot & s, const std::vector<llama_token> & accepted, llama_token next,
-                                const std::vector<char> * node_accepted, std::vector<int32_t> & counts,
-                                std::vector<llama_token> & tokens) {
-    const int k = static_cast<int>(accepted.size());
-    s.seq.history.push_back(s.seq.anchor);
-    s.seq.history.insert(s.seq.history.end(), accepted.begin(), accepted.end());
-    llama_token * out = tokens.data() + static_cast<size_t>(idx) * (static_cast<size_t>(step_width_) + 1);
-    std::copy(accepted.begin(), accepted.end(), out);
-    out[k] = next;
-    {
-        const StepLedger::Scope sources(stats_.ledger(), Part::Sources);
-        s.drafting.sources.accept(Verified{out, static_cast<size_t>(k) + 1, &s.rows.block, node_accepted});
-    }
-    counts[static_cast<size_t>(idx)] = k + 1;
-    stats_.committed(s.request.stats, k + 1, true);
-    s.seq.pos += k + 1;
-    s.seq.anchor = next;
-}
-
-void BatchEngine::commit_chain(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
-    const std::vector<llama_token> & drafts = s.rows.block.tokens;
-    const int n = static_cast<int>(drafts.size());
-    const LogitRows row = [this, &s](int j) { return row_logits(s.rows.row0 + j); };
-    const VerifyResult v = [&] {
-        const StepLedger::Scope verify(stats_.ledger(), Part::Verify);
-        return verify_chain(drafts, s.rows.block.q, row, *s.request.sampler);
-    }();
-    const int k = v.n_accepted;
-    if (n > 0) {
-        const StepLedger::Scope kv(stats_.ledger(), Part::Kv);
-        llama_memory_seq_rm(llama_get_memory(ctx_.ctx), idx, s.seq.pos + k + 1, -1);  // rejected drafts
-    }
-    if (s.request.sampler->params().n_logprobs >= 0) {
-        s.request.n_logprobs = 0;
-        for (int j = 0; j <= k; ++j) {  // rows the verify read: the head ran for them already
-            record_logprob(s, row(j), j < k ? drafts[static_cast<size_t>(j)] : v.next);
-        }
-    }
-    queue_rows(s, s.rows.row0, k + 1, s.seq.pos);  // anchor + accepted drafts are committed
-    stats_.block(s.request.stats, n, false);
-    if (n > 0) {
-        stats_.drafted(s.request.stats, n, n, k);
-        cost_model_.observe_chain(idx, n, k);
-    }
-    commit_tokens(idx, s, std::vector<llama_token>(drafts.begin(), drafts.begin() + k), v.next, nullptr, counts,
-                  tokens);
-}
-
-// One slot alone in the cache: every cell past the kept path is its tree's, so one walk over the
-// cells takes them out of every sequence (a walk per branch was most of a tree step's KV work, 2-4 us
-// a walk at 2048 cells). Within the kept path's positions, a branch that left the path at depth j
-// holds rejected nodes from pos + 1 + j: it loses those (and keeps the path's cells it shares, a
-// prefix of the slot, like the accepted branch).
-void BatchEngine::cut_tree_at_once(const Slot & s, const std::vector<int32_t> & path, int n_in_place) {
-    const DraftTree & t = s.rows.block.tree;
-    llama_memory_t mem = llama_get_memory(ctx_.ctx);
-    llama_memory_seq_rm(mem, -1, s.seq.pos + 1 + n_in_place, -1);
-    if (n_in_place == 0) return;
-    std::vector<int32_t> kept_depth(static_cast<size_t>(t.size()), 0);
-    for (int j = 0; j < n_in_place; ++j) kept_depth[static_cast<size_t>(path[static_cast<size_t>(j)])] = j + 1;
-    for (size_t i = 0; i < s.rows.branches.size(); ++i) {
-        const int32_t leaf = s.rows.branch_leaf[i];
-        int32_t shared = 0;  // the depth of its deepest node on the kept path (the first found going up)
-        for (int32_t v = leaf; v >= 0 && shared == 0; v = t.parent[static_cast<size_t>(v)]) {
-            shared = kept_depth[static_cast<size_t>(v)];
-        }
-        // (the slot's own sequence, the first-child chain's, holds the whole in-place path: never cut here)
-        if (shared < n_in_place && t.depth[static_cast<size_t>(leaf)] > shared) {
-            llama_memory_seq_rm(mem, s.rows.branches[i], s.seq.pos + 1 + shared, s.seq.pos + 1 + n_in_place);
-        }
-    }
-}
-
-// A verified tree (verify_tree): the accepted path's cells join the slot's sequence and the
-// branches are cut off.
-void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
-    const DraftTree & t = s.rows.block.tree;
-    const std::vector<int32_t> & node_row = s.rows.node_row;
-    const int n = t.size();
-    const bool want_logprobs = s.request.sampler->params().n_logprobs >= 0;
-    if (want_logprobs) s.request.n_logprobs = 0;
-    const LogitRows logits_at = [&](int node) {
-        return row_logits(s.rows.row0 + (node < 0 ? 0 : node_row[static_cast<size_t>(node)]));
-    };
-    const VerifyResult v = [&] {
-        const StepLedger::Scope verify(stats_.ledger(), Part::Verify);
-        return verify_tree(t, logits_at, *s.request.sampler, [&](const float * logits, llama_token x) {
-            if (want_logprobs) record_logprob(s, logits, x);
-        });
-    }();
-    const std::vector<int32_t> & path = v.path;
-    const int k = v.n_accepted;
-    // The path's first n_in_place nodes are the first-child chain, at the cells of their positions:
-    // they join the slot's sequence where they are. The rest sat at later cells; kept there, later
-    // rows would fill the freed cells below them and break the position order of the cache, so
-    // they are decoded again ahead of the next step's rows (exact: the same inputs in the same order).
-    int n_in_place = 0;
-    while (n_in_place < k && node_row[static_cast<size_t>(path[static_cast<size_t>(n_in_place)])] == n_in_place + 1) {
-        ++n_in_place;
-    }
-    // The path's in-place nodes are the first-child chain's, whose leaf's branch is the slot's own
-    // sequence (add_tree_rows): they are the slot's already, no copy.
-    {
-        // The tree's rows leave the branches, which keep the context for the next tree (sync_branch).
-        // Every branch keeps the anchor (committed, in all of them).
-        const StepLedger::Scope kv(stats_.ledger(), Part::Kv);
-        if (cut_trees_at_once_) {
-            cut_tree_at_once(s, path, n_in_place);
-        } else {
-            // the branch through the last accepted node keeps the in-place path too: when the whole
-            // path was in place, it ends where the slot ends and needs no copy next step
-            const int32_t branch = k > 0 ? s.rows.node_branch[static_cast<size_t>(path.back())] : idx;
-            llama_memory_t mem = llama_get_memory(ctx_.ctx);
-            for (const int32_t b : s.rows.branches) {
-                llama_memory_seq_rm(mem, b, s.seq.pos + 1 + (b == branch || b == idx ? n_in_place : 0), -1);
-            }
-        }
-        s.rows.branches.clear();
-        s.rows.branch_leaf.clear();
-    }
-    s.seq.pending.clear();
-    for (int j = n_in_place; j < k; ++j) s.seq.pending.push_back(t.token[static_cast<size_t>(path[static_cast<size_t>(j)])]);
-    s.seq.pending_pos0 = s.seq.pos + n_in_place + 1;
-
-    std::vector<int32_t> committed_rows{s.rows.row0};  // the anchor, then the accepted nodes' rows (not adjacent)
-    std::vector<llama_token> accepted(static_cast<size_t>(k));
-    for (int j = 0; j < k; ++j) {
-        const int node = path[static_cast<size_t>(j)];
-        committed_rows.push_back(s.rows.row0 + node_row[static_cast<size_t>(node)]);
-        accepted[static_cast<size_t>(j)] = t.token[static_cast<size_t>(node)];
-    }
-    queue_rows(s, committed_rows, s.seq.pos);
-    const int depth = *std::max_element(t.depth.begin(), t.depth.end());
-    stats_.block(s.request.stats, std::min(depth, max_draft_), true);
-    stats_.drafted(s.request.stats, depth, n, k);
-    // (a merged tree's lattice nodes teach its calibration only: DFlashDraftSource::accept)
-    if (!s.rows.block.is_merged()) {
-        // the greedy selector's path is the tree's first-child chain (rows 1..its length), of
-        // which the path kept its first n_in_place nodes
-        int chain = 0;
-        for (int node = 0; node < n; ++node) chain += node_row[static_cast<size_t>(node)] == t.depth[static_cast<size_t>(node)];
-        cost_model_.observe_lattice_tree(idx, t, path, chain, n_in_place);
-    }
-    std::vector<char> node_accepted(static_cast<size_t>(n), 0);
-    for (const int32_t node : path) node_accepted[static_cast<size_t>(node)] = 1;
-    commit_tokens(idx, s, accepted, v.next, &node_accepted, counts, tokens);
-    s.rows.block.is_tree = false;
-}
-
-void BatchEngine::commit_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
-    queue_rows(s, s.rows.row0, s.rows.n_rows, s.seq.n_prefilled);
-    s.seq.n_prefilled += s.rows.n_rows;
-    stats_.prefilled(s.rows.n_rows);
-    if (s.seq.n_prefilled < static_cast<int32_t>(s.request.prompt.size())) {
-        return;
-    }
-    const float * logits = row_logits(s.rows.row0 + s.rows.n_rows - 1);
-    const llama_token first = [&] {
-        const StepLedger::Scope verify(stats_.ledger(), Part::Verify);
-        return first_token(logits, *s.request.sampler);
-    }();
-    if (s.request.sampler->params().n_logprobs >= 0) {
-        s.request.n_logprobs = 0;
-        record_logprob(s, logits, first);
-    }
-    s.state = State::Decode;
-    s.seq.pos = s.seq.n_prefilled;
-    s.seq.anchor = first;
-    tokens[static_cast<size_t>(idx) * (static_cast<size_t>(step_width_) + 1)] = first;
-    const StepLedger::Scope sources(stats_.ledger(), Part::Sources);
-    s.drafting.sources.accept(Verified{&first, 1, nullptr, nullptr});  // a prompt's first token: no block
-    counts[static_cast<size_t>(idx)] = 1;
-    stats_.committed(s.request.stats, 1, false);
-}
-
-void BatchEngine::record_logprob(Slot & s, const float * logits, llama_token token) {
-    if (s.request.logprobs.size() <= static_cast<size_t>(s.request.n_logprobs)) {
-        s.request.logprobs.resize(static_cast<size_t>(s.request.n_logprobs) + 1);
-    }
-    token_logprob(logits, target_.n_vocab(), token, s.request.sampler->params().n_logprobs,
-                  s.request.logprobs[static_cast<size_t>(s.request.n_logprobs)]);
-    s.request.n_logprobs += 1;
-}
-
-const std::vector<TokenLogprob> & BatchEngine::logprobs(int slot, int32_t & n_committed) {
-    Slot & s = slot_at(slot);
-    n_committed = s.request.n_logprobs;
-    return s.request.logprobs;
 }
 
 }  // namespace pdf2

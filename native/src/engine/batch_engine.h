@@ -207,7 +207,7 @@ class BatchEngine {
     struct Drafting {
         Drafter * drafter = nullptr;
         DrafterFeed feed;
-        SlotSources sources;  // the drafter's lattice, the candidate sources, the merged tree
+        SlotSources sources;  // the drafter's lattice, the candidate sources, the merged tree (by index)
     };
     // This step's rows in the batch: the drafted block and where its rows sit.
     struct StepRows {
@@ -224,22 +224,27 @@ class BatchEngine {
         Sequence seq;
         Drafting drafting;
         StepRows rows;
+        std::string plan;         // this step's plan (SlotPlan::name), for the stats
+        double plan_expected = 1.0;
         ContextDrafts context_mode = ContextDrafts::Request;  // for the next start()
         std::string context_key;
     };
 
-    // One step's plan (step_planner.cpp): per decoding slot, how many drafts and tree nodes.
-    enum class Source {
-        Lattice,  // the drafter's chain or tree (or nothing)
-        Context,  // the candidate sources' tree alone (the context's...): no propose
-        Merged,   // the drafter's lattice and the candidates in one tree
-    };
+    // One step's plan (step_planner.cpp): per decoding slot, how many drafts and tree nodes, and
+    // from which sources (by index: no source is special).
     struct SlotPlan {
         int n_drafts = 0;
-        int tree_budget = 0;  // > 0: a tree of at most this many nodes
-        Source source = Source::Lattice;
-        int context_depth = 0;  // Context, Merged: the deepest path and the most nodes
-        int context_nodes = 0;
+        int tree_budget = 0;    // > 0: a tree of at most this many nodes
+        int proposer = -1;      // the source that proposes the slot's blocks (the drafter's), -1: none
+        // the merged tree (merged_draft_source.h) over the known candidates, with the proposer's
+        // block or (propose false) alone; its deepest path and most nodes
+        bool merged = false;
+        bool propose = false;
+        int merge_depth = 0;
+        int merge_nodes = 0;
+        double expected = 1.0;  // the tokens the cost model expects it to commit
+        // what the stats call it (engine_stats.h, PlanRun)
+        std::string name() const;
     };
     struct StepPlan {
         std::vector<size_t> decoding;  // slots that verify this step
@@ -249,16 +254,18 @@ class BatchEngine {
         int tree_budget = 0;           // the step's tree budget (0: chains)
         int row_share = 0;             // batch rows each decoding slot may take after its anchor
         std::vector<SlotPlan> slots;   // per slot (idle ones: nothing)
+        std::vector<Offer> proposals;  // per slot: its proposing source's offer (none: empty)
     };
     using Groups = std::map<int, std::vector<int>>;  // verify rows -> slots with that many
 
     // step_planner.cpp
     StepPlan plan_step(std::vector<int32_t> & counts);
-    int slot_draft_length(size_t i) const;  // the cost model's wish, before the batch's caps
+    int slot_draft_length(const StepPlan & plan, size_t i) const;  // the cost model's wish, before the batch's caps
     SlotPlan plan_slot(const StepPlan & plan, size_t i) const;  // the caps: context, max_tokens, share, pending
     Groups draft_blocks(const StepPlan & plan);
     void draft(size_t i, const SlotPlan & p);
     DraftRequest draft_request(Slot & s, int n, int tree_budget) const;
+    double expected_committed(const StepPlan & plan, size_t i) const;  // a chain's or tree's plan
     void plan_context(StepPlan & plan);  // which slots draft from the context, alone or merged
     void draft_merged(size_t i, const SlotPlan & p);
     void record_draft_times(const DraftBlock & block);
@@ -284,7 +291,7 @@ class BatchEngine {
     const float * row_logits(int32_t row);  // of the last decode (lazily computed head rows included)
     int prefill_chunks(std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
 
-    // batch_engine.cpp: a step's verify rows, and the commits of verified rows
+    // batch_engine.cpp: a step's verify rows; batch_engine_commits.cpp: the commits of verified rows
     struct VerifyShape {
         int rows = 0;           // verified (fillers left out)
         bool plain = true;      // none of them a draft
@@ -300,12 +307,12 @@ class BatchEngine {
                        const std::vector<char> * node_accepted, std::vector<int32_t> & counts,
                        std::vector<llama_token> & tokens);
     void commit_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
+    void record_logprob(Slot & s, const float * logits, llama_token token);
+    void cut_tree_at_once(const Slot & s, const std::vector<int32_t> & path, int n_in_place);
     void write_context_stats(JsonWriter & w) const;  // batch_engine_stats.cpp
     void write_ledger(JsonWriter & w) const;
     void write_source_stats(JsonWriter & w, const Slot * slot) const;  // one slot's request, or all
     void init_context();  // batch_engine_context.cpp: the slots' context sources, the global cache
-    void record_logprob(Slot & s, const float * logits, llama_token token);
-    void cut_tree_at_once(const Slot & s, const std::vector<int32_t> & path, int n_in_place);
     void queue_rows(Slot & s, int32_t row0, int32_t n, int32_t pos0);  // rows row0.. at positions pos0..
     void queue_rows(Slot & s, const std::vector<int32_t> & rows, int32_t pos0);
     int32_t reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt);
@@ -342,6 +349,7 @@ class BatchEngine {
     // what steps cost and each option commits, and every choice among them (declared before
     // slots_: their lattice sources learn into its tree policy and calibration)
     CostModel cost_model_;
+    SourceKit source_kit_;  // what each kind of draft source learns over all slots (before slots_: they hold it)
     std::vector<Slot> slots_;
     int max_draft_ = 0;
     int step_width_ = 0;     // max_draft_, or deeper context paths
@@ -358,7 +366,6 @@ class BatchEngine {
     int prefill_cursor_ = 0;  // round-robin start for prompt chunks
     unsigned probe_turn_ = 0;  // round-robin choice of the slot that probes
     StatsRecorder stats_;  // the engine's and each request's counters, and the step ledger
-    SourceKit source_kit_;  // what each kind of candidate source learns over all slots
 };
 
 }  // namespace pdf2

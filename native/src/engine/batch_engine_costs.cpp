@@ -1,20 +1,12 @@
 // The engine's side of the cost model (cost_model.h): the costs it is given, and measuring them.
 #include "engine/batch_engine.h"
 
+#include "common/clock.h"
 #include "common/errors.h"
 
 #include <algorithm>
-#include <chrono>
 
 namespace pdf2 {
-
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-}  // namespace
 
 void BatchEngine::set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s,
                             double plain_s, double head_s, bool learn) {

@@ -70,7 +70,6 @@ void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, std::
     s.seq.anchor = -1;
     s.request.max_tokens = max_tokens;
     stats_.start(s.request.stats, static_cast<int64_t>(prompt.size()), keep, step_width_, max_draft_);
-    cost_model_.start_request(slot);  // the costs, and the acceptance seen so far
     s.drafting.sources.begin(
         SourceStart{&prompt, static_cast<int>(s.context_mode), &s.context_key, !s.request.sampler->params().greedy()});
     s.state = State::Prefill;

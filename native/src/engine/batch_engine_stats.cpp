@@ -40,19 +40,24 @@ void BatchEngine::write_ledger(JsonWriter & w) const {
 void BatchEngine::write_source_stats(JsonWriter & w, const Slot * slot) const {
     std::map<std::string, SourceCounts> by_name;
     std::map<std::string, std::vector<int64_t>> per_depth;
+    std::map<std::string, std::pair<int64_t, double>> calls;  // every call the dispatcher made, its seconds
     for (const Slot & s : slots_) {
         if (slot != nullptr && &s != slot) continue;
-        for (const DraftSource * src : s.drafting.sources.all()) {
-            if (src == nullptr) continue;
-            const SourceCounts & c = slot != nullptr ? src->stats().request : src->stats().total;
-            SourceCounts & sum = by_name[src->name()];
+        const SlotSources & sources = s.drafting.sources;
+        for (int i = 0; i < sources.size(); ++i) {
+            const std::string name = sources.all()[static_cast<size_t>(i)]->name();
+            const SourceStats & st = sources.stats(i);
+            const SourceCounts & c = slot != nullptr ? st.request : st.total;
+            SourceCounts & sum = by_name[name];
             sum.nodes += c.nodes;
             sum.accepted += c.accepted;
             sum.steps += c.steps;
-            std::vector<int64_t> & d = per_depth[src->name()];
-            const std::vector<int64_t> & own = src->stats().accepted_per_depth;
+            calls[name].first += st.calls;
+            calls[name].second += st.seconds;
+            std::vector<int64_t> & d = per_depth[name];
+            const std::vector<int64_t> & own = st.accepted_per_depth;
             if (d.size() < own.size()) d.resize(own.size(), 0);
-            for (size_t i = 0; i < own.size(); ++i) d[i] += own[i];
+            for (size_t j = 0; j < own.size(); ++j) d[j] += own[j];
         }
     }
     w.key("sources").begin_object();
@@ -65,6 +70,8 @@ void BatchEngine::write_source_stats(JsonWriter & w, const Slot * slot) const {
             w.key("accepted_per_depth").begin_array();
             for (const int64_t x : per_depth[name]) w.value(x);
             w.end_array();
+            w.field("calls", calls[name].first);
+            w.field("seconds", calls[name].second);
         }
         w.end_object();
     }
@@ -76,16 +83,17 @@ void BatchEngine::write_context_stats(JsonWriter & w) const {
     SourceCounts lattice, context;
     std::vector<int64_t> context_per_depth(static_cast<size_t>(step_width_), 0);
     for (const Slot & s : slots_) {
-        for (const DraftSource * src : s.drafting.sources.all()) {
-            if (src == nullptr) continue;
-            const bool is_context = std::string(src->name()) == "context";
-            if (!is_context && src->index() != 0) continue;
-            SourceCounts & sum = is_context ? context : lattice;
-            sum.nodes += src->stats().total.nodes;
-            sum.accepted += src->stats().total.accepted;
-            if (!is_context) continue;
-            const std::vector<int64_t> & own = src->stats().accepted_per_depth;
-            for (size_t i = 0; i < own.size() && i < context_per_depth.size(); ++i) context_per_depth[i] += own[i];
+        const SlotSources & sources = s.drafting.sources;
+        for (int i = 0; i < sources.size(); ++i) {
+            const std::string name = sources.all()[static_cast<size_t>(i)]->name();
+            if (name != "context" && name != "lattice") continue;
+            const SourceStats & st = sources.stats(i);
+            SourceCounts & sum = name == "context" ? context : lattice;
+            sum.nodes += st.total.nodes;
+            sum.accepted += st.total.accepted;
+            if (name == "lattice") continue;
+            const std::vector<int64_t> & own = st.accepted_per_depth;
+            for (size_t j = 0; j < own.size() && j < context_per_depth.size(); ++j) context_per_depth[j] += own[j];
         }
     }
     w.key("context").begin_object();
@@ -169,7 +177,7 @@ std::string BatchEngine::stats_json() const {
 }
 
 std::string BatchEngine::slot_stats_json(int slot) {
-    const Slot & s = slot_at(slot);
+    Slot & s = slot_at(slot);
     const SlotStats & st = s.request.stats;
     JsonWriter w;
     w.begin_object();
@@ -186,10 +194,12 @@ std::string BatchEngine::slot_stats_json(int slot) {
     w.array_field("n_max_histogram", st.n_max_used);
     w.field("n_tree_steps", st.n_tree_steps);
     SourceCounts lattice, context;
-    for (const DraftSource * src : s.drafting.sources.all()) {
-        if (src == nullptr) continue;
-        if (src->index() == 0) lattice = src->stats().request;
-        if (std::string(src->name()) == "context") context = src->stats().request;
+    std::vector<double> acceptance;  // the proposing source's chain acceptance (its offer)
+    for (int i = 0; i < s.drafting.sources.size(); ++i) {
+        const std::string name = s.drafting.sources.all()[static_cast<size_t>(i)]->name();
+        if (name == "lattice") lattice = s.drafting.sources.stats(i).request;
+        if (name == "context") context = s.drafting.sources.stats(i).request;
+        if (acceptance.empty()) acceptance = s.drafting.sources.offer(i, OfferRequest{}).chain_acceptance;
     }
     w.field("lattice_drafted", lattice.nodes);
     w.field("lattice_accepted", lattice.accepted);
@@ -199,7 +209,18 @@ std::string BatchEngine::slot_stats_json(int slot) {
     w.field("propose_skipped", st.n_propose_skipped);
     write_source_stats(w, &s);
     w.key("acceptance_estimate").begin_array();
-    for (const double a : cost_model_.policy(slot).acceptance()) w.value(a);
+    for (const double a : acceptance) w.value(a);
+    w.end_array();
+    // the plans its verify steps ran (engine_stats.h): what the engine chose, expected and measured
+    w.key("plans").begin_array();
+    for (const PlanRun & r : st.plans) {
+        w.begin_object();
+        w.field("plan", r.plan);
+        w.field("steps", r.steps);
+        w.field("expected_tau", r.steps > 0 ? r.expected / static_cast<double>(r.steps) : 0.0);
+        w.field("tau", r.steps > 0 ? static_cast<double>(r.committed) / static_cast<double>(r.steps) : 0.0);
+        w.end_object();
+    }
     w.end_array();
     w.end_object();
     return w.str();

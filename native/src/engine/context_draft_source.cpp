@@ -1,6 +1,7 @@
 #include "engine/context_draft_source.h"
 
-#include <chrono>
+#include "common/clock.h"
+
 #include <cmath>
 #include <map>
 #include <utility>
@@ -8,8 +9,6 @@
 namespace pdf2 {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 constexpr double DECAY = 0.995;     // acceptance drifts with the text, slower than per step
 constexpr double PRIOR_WEIGHT = 2.0; // the prior counts as two candidates reached
@@ -58,7 +57,6 @@ void MatchAcceptance::observe(int m, double share, bool accepted) {
 }
 
 void ContextDraftSource::begin(const SourceStart & start) {
-    reset_request_stats();
     if (static_cast<ContextDrafts>(start.context_mode) == ContextDrafts::Off) {
         finish();
         return;
@@ -74,7 +72,6 @@ void ContextDraftSource::begin(const SourceStart & start) {
 }
 
 void ContextDraftSource::accept(const Verified & v) {
-    DraftSource::accept(v);
     if (!active_) return;
     observe(v.committed, v.n_committed);
     index_.append(v.committed, v.n_committed);
@@ -147,10 +144,12 @@ const ScoredNodes & ContextDraftSource::candidates(int max_depth) {
     return scored_;
 }
 
-const ScoredNodes * ContextDraftSource::offer(int max_depth) {
-    if (!active_ || max_depth <= 0) return nullptr;
-    const ScoredNodes & c = candidates(max_depth);
-    return c.size() > 0 ? &c : nullptr;
+Offer ContextDraftSource::offer(const OfferRequest & req) {
+    Offer o;
+    if (!active_ || req.max_depth <= 0) return o;
+    const ScoredNodes & c = candidates(req.max_depth);
+    if (c.size() > 0) o.nodes = &c;
+    return o;
 }
 
 void ContextDraftSource::draft(const DraftRequest & req, DraftBlock & out) {
@@ -159,7 +158,7 @@ void ContextDraftSource::draft(const DraftRequest & req, DraftBlock & out) {
     sources.back() = &candidates(req.n);
     MergedTree m = merge_draft_trees(sources, req.tree_budget, kContextBranches);
     out.set_merged(std::move(m));
-    out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    out.seconds = seconds_since(t0);
     out.select_s = out.seconds;
 }
 

@@ -63,9 +63,9 @@ class ContextDraftSource final : public DraftSource {
     void finish() override;  // the request ended: its output joins the global cache
     bool active() const { return active_; }
 
-    // The candidates after the stream's last token, at most max_depth deep, calibrated
-    // (recomputed only when the stream or max_depth changed); null when nothing matches.
-    const ScoredNodes * offer(int max_depth) override;
+    // The candidates after the stream's last token, at most req.max_depth deep, calibrated
+    // (recomputed only when the stream or the depth changed); none when nothing matches.
+    Offer offer(const OfferRequest & req) override;
 
     // The context's tree alone: the best req.tree_budget nodes, at most req.n deep.
     void draft(const DraftRequest & req, DraftBlock & out) override;

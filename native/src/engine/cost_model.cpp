@@ -1,17 +1,15 @@
 #include "engine/cost_model.h"
 
 #include "common/json_writer.h"
+#include "engine/draft_length.h"
 #include "engine/merged_draft_tree.h"
 
 #include <algorithm>
 
 namespace pdf2 {
 
-CostModel::CostModel(int n_slots, int max_draft, int tree_max_budget)
-    : max_draft_(max_draft),
-      slot_policies_(static_cast<size_t>(std::max(0, n_slots)), DraftLengthPolicy(max_draft)),
-      shared_(max_draft),
-      tree_(tree_max_budget) {}
+CostModel::CostModel(int max_draft, int tree_max_budget)
+    : max_draft_(std::max(0, max_draft)), tree_max_budget_(std::max(0, tree_max_budget)) {}
 
 namespace {
 constexpr double DECAY = 0.97;  // host work drifts with the text (context matches, tree shapes), device work with the context
@@ -83,85 +81,84 @@ void CostModel::observe_host(bool plain, int rows, double seconds) {
     }
 }
 
-void CostModel::start_request(int slot) { slot_policies_[static_cast<size_t>(slot)] = shared_; }
-
-void CostModel::observe_chain(int slot, int n_drafted, int n_accepted) {
-    slot_policies_[static_cast<size_t>(slot)].observe(n_drafted, n_accepted);
-    shared_.observe(n_drafted, n_accepted);
+int CostModel::draft_length(const Offer & offer) const {
+    const auto max_draft = static_cast<int>(offer.chain_acceptance.size());
+    if (max_draft == 0 || !costs_.measured()) return max_draft;
+    return best_draft_length(offer.chain_acceptance, costs_);
 }
 
-void CostModel::observe_lattice_tree(int slot, const DraftTree & t, const std::vector<int32_t> & path, int chain,
-                                     int n_in_place) {
-    if (tree_.max_budget() > 0) {
-        // the chain's estimate learns what the chain would have done (the tree's first-child chain)
-        observe_chain(slot, chain, n_in_place);
-        tree_.observe_verify(t, path);
-    } else {
-        const int depth = t.size() > 0 ? *std::max_element(t.depth.begin(), t.depth.end()) : 0;
-        observe_chain(slot, depth, static_cast<int>(path.size()));
-    }
-}
-
-// Each slot's policy prices a block as if it were decoded alone, where a drafted row costs a
+// Each slot's offer prices a block as if it were decoded alone, where a drafted row costs a
 // fraction of the first (weights are read once). In a batch of many slots on a CPU every row
 // costs about the same, so the common length maximises the batch's rate under the linear model
 // (StepCosts::step_seconds).
-int CostModel::batch_draft_length(const std::vector<size_t> & slots) const {
-    const int n_slots = static_cast<int>(slots.size());
+int CostModel::batch_draft_length(const std::vector<const Offer *> & offers) const {
+    const int n_slots = static_cast<int>(offers.size());
     return best_rate(0, max_draft_, [&](int n) {
         double tokens = 0.0;
-        for (const size_t i : slots) tokens += slot_policies_[i].expected_tokens(n);
+        for (const Offer * o : offers) tokens += expected_tokens(o->chain_acceptance, n);
         return costs_.price(tokens, n_slots, n + 1, n);
     }).index;
 }
 
-int CostModel::tree_budget(const std::vector<size_t> & slots, int n_chain, bool chain_probe) {
-    if (tree_.max_budget() == 0 || slots.empty() || !priced()) {
+int CostModel::schedule_chain(int n) {
+    constexpr int PROBE_DRAFT = 3;
+    chain_probing_ = false;
+    if (max_draft_ == 0 || !costs_.measured()) return n;
+    if (chain_probes_.step(n > 0)) {
+        chain_probing_ = true;  // probe; if plain decoding still wins afterwards, wait twice as long next time
+        return std::min(PROBE_DRAFT, max_draft_);
+    }
+    return n;
+}
+
+int CostModel::tree_budget(const std::vector<const Offer *> & offers, int n_chain, bool chain_probe) {
+    if (tree_max_budget_ == 0 || offers.empty() || !priced()) {
         return 0;
     }
-    const int n_slots = static_cast<int>(slots.size());
+    constexpr int PROBE_BUDGET = 4;  // before any tree was seen
+    const int n_slots = static_cast<int>(offers.size());
     double chain_tokens = 0.0;
-    for (const size_t i : slots) chain_tokens += slot_policies_[i].expected_tokens(n_chain);
+    std::vector<double> curve;  // the trees' expected accepted drafts by budget (empty: none seen)
+    for (const Offer * o : offers) {
+        chain_tokens += expected_tokens(o->chain_acceptance, n_chain);
+        if (curve.empty()) curve = o->tree_accepted;
+    }
+    const bool has_trees = !curve.empty();
+    if (!has_trees) curve.assign(static_cast<size_t>(tree_max_budget_) + 1, 0.0);
+    const auto tree_committed = [&](int b) { return 1.0 + curve[static_cast<size_t>(std::min<int>(b, static_cast<int>(curve.size()) - 1))]; };
     const Price chain = costs_.price(chain_tokens, n_slots, n_chain + 1, n_chain);
-    // per slot: (1 + expected accepted) over its share of the step
-    const Choice tree =
-        tree_.best([&](int nodes, double committed) {
-            return Price{committed, costs_.step_seconds(n_slots, nodes + 1, max_draft_) / n_slots +
-                                        costs_.head_seconds(committed - 1.0)};
-        });
+    const Choice tree = best_rate(1, tree_max_budget_, [&](int b) {
+        return costs_.price(n_slots * tree_committed(b), n_slots, b + 1, max_draft_);
+    });
     const int best_budget = tree.index;
     // the chain first: a tie keeps it
-    const bool chosen = tree_.has_trees() && best_budget > 0 &&
+    const bool chosen = has_trees && best_budget > 0 &&
                         best_rate(0, 1, [&](int i) { return i == 0 ? chain : tree.price; }).index == 1;
     // a chosen tree restarts the probe schedule; no tree probe while the chain probes (one at a time)
-    const bool probe = (chosen || !chain_probe) && tree_.schedule(chosen);
-    const int budget = chosen            ? best_budget
-                       : !probe          ? 0
-                       : tree_.has_trees() && best_budget > 0 ? best_budget
-                                                             : tree_.probe_budget();
+    const bool probe = (chosen || !chain_probe) && tree_probes_.step(chosen);
+    const int budget = chosen                       ? best_budget
+                       : !probe                     ? 0
+                       : has_trees && best_budget > 0 ? best_budget
+                                                     : std::min(PROBE_BUDGET, tree_max_budget_);
     n_tree_probes_ += probe ? 1 : 0;
     n_tree_steps_ += budget > 0 ? 1 : 0;
+    tree_decision_ = TreeDecision{best_budget, tree_committed(best_budget), n_chain, chain_tokens / n_slots, chosen, true};
+    tree_curve_ = has_trees ? curve : std::vector<double>{};
+    chain_acceptance_ = offers.front()->chain_acceptance;
     return budget;
 }
 
-double CostModel::lattice_expected(int slot, int tree_budget, int n_drafts) const {
-    return tree_budget > 0 && tree_.has_trees() ? tree_.expected_accepted(tree_budget)
-                                                : policy(slot).expected_tokens(n_drafts) - 1.0;
-}
-
-// The context's candidates are known before any drafting, calibrated; the merged tree's gain over
-// either source is not (its lattice half comes with the propose), so it is priced at the better
-// source's expectation, a lower bound.
-bool CostModel::context_alone(const std::vector<double> & e, double lattice_expected, int lattice_rows,
-                              int n_drafts) const {
-    if (!priced()) return e.back() >= lattice_expected;
-    const auto context_price = [&](int b) { return costs_.price(1.0 + e[static_cast<size_t>(b)], 1, b + 1, 0); };
-    const int context_rows = best_rate(0, static_cast<int>(e.size()) - 1, context_price).index + 1;
-    const double context_expected = e[static_cast<size_t>(context_rows - 1)];
-    const Price merged = costs_.price(1.0 + std::max(context_expected, lattice_expected), 1,
-                                      std::max(context_rows, lattice_rows), n_drafts);
-    // the context alone first: a tie keeps it (no propose)
-    return best_rate(0, 1, [&](int i) { return i == 0 ? context_price(context_rows - 1) : merged; }).index == 0;
+// The known candidates are calibrated before any drafting; the merged tree's gain over either
+// side is not (the proposing source's half comes with the propose), so it is priced at the better
+// side's expectation, a lower bound.
+bool CostModel::candidates_alone(const std::vector<double> & e, double proposed, int rows, int n) const {
+    if (!priced()) return e.back() >= proposed;
+    const auto known_price = [&](int b) { return costs_.price(1.0 + e[static_cast<size_t>(b)], 1, b + 1, 0); };
+    const int known_rows = best_rate(0, static_cast<int>(e.size()) - 1, known_price).index + 1;
+    const double known_expected = e[static_cast<size_t>(known_rows - 1)];
+    const Price merged = costs_.price(1.0 + std::max(known_expected, proposed), 1, std::max(known_rows, rows), n);
+    // the candidates alone first: a tie keeps them (no propose)
+    return best_rate(0, 1, [&](int i) { return i == 0 ? known_price(known_rows - 1) : merged; }).index == 0;
 }
 
 int CostModel::tree_prefix(const DraftTree & t) const {
@@ -169,35 +166,34 @@ int CostModel::tree_prefix(const DraftTree & t) const {
     return best_prefix(t, [&](int n, double committed) { return costs_.price(committed, 1, n + 1, 0); });
 }
 
-// tree_budget = auto: the steps that verified a tree (probes included), and the model's expected
-// accepted drafts per budget b = 1..max (what the next choice weighs)
+// tree_budget = auto: the steps that verified a tree (probes included), the trees' expected
+// accepted drafts per budget b = 1..max and the chain's acceptance the last step weighed, and the
+// tree against the chain as it weighed them, priced for one slot with the costs as they are now
 void CostModel::write_json(JsonWriter & w) const {
     w.key("tree_auto").begin_object();
-    w.field("max_budget", tree_.max_budget());
+    w.field("max_budget", tree_max_budget_);
     w.field("tree_steps", n_tree_steps_);
     w.field("probes", n_tree_probes_);
     w.key("expected_accepted").begin_array();
-    for (int b = 1; b <= tree_.max_budget(); ++b) w.value(tree_.expected_accepted(b));
+    for (int b = 1; b <= tree_max_budget_; ++b) {
+        w.value(static_cast<size_t>(b) < tree_curve_.size() ? tree_curve_[static_cast<size_t>(b)] : 0.0);
+    }
     w.end_array();
     w.key("chain_acceptance").begin_array();
-    for (const double a : shared_.acceptance()) w.value(a);
+    for (const double a : chain_acceptance_) w.value(a);
     w.end_array();
-    if (priced()) {
-        // the choice one slot would make now: the best tree, against the chain's best n (0 = plain)
-        const Choice tree =
-            tree_.best([&](int nodes, double committed) { return costs_.price(committed, 1, nodes + 1, max_draft_); });
-        const int n = shared_.best(costs_);
-        const Price chain = draft_price(shared_.acceptance(), costs_, n);
-        w.field("best_budget", tree.index);
-        w.field("tree_expected_tokens", tree.price.committed);
-        w.field("tree_rate", tree.rate);
-        w.field("chain_n", n);
+    const TreeDecision & d = tree_decision_;
+    if (priced() && d.weighed) {
+        const Price tree = costs_.price(d.tree_committed, 1, d.budget + 1, max_draft_);
+        const Price chain = costs_.price(d.chain_committed, 1, d.chain_n + 1, d.chain_n);
+        w.field("best_budget", d.budget);
+        w.field("tree_expected_tokens", tree.committed);
+        w.field("tree_rate", tree.rate());
+        w.field("chain_n", d.chain_n);
         w.field("chain_expected_tokens", chain.committed);
         w.field("chain_rate", chain.rate());
-        w.field("plain_rate", draft_price(shared_.acceptance(), costs_, 0).rate());
-        // the chain first: a tie keeps it
-        const bool tree_wins = best_rate(0, 1, [&](int i) { return i == 0 ? chain : tree.price; }).index == 1;
-        w.field("choice", tree_wins ? "tree" : n > 0 ? "chain" : "plain");
+        w.field("plain_rate", costs_.price(1.0, 1, 1, 0).rate());
+        w.field("choice", d.tree_chosen ? "tree" : d.chain_n > 0 ? "chain" : "plain");
     }
     w.end_object();
 }

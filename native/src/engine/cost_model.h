@@ -1,16 +1,16 @@
-// The cost model: the one owner of what a step costs (the measured StepCosts) and of what each
-// option is expected to commit (each slot's and the engine's draft-length policy, the automatic
-// tree budget's policy, the lattice's calibration), and the one place that chooses among priced
-// options: the draft length, the batch's common length, the tree budget, context drafts alone or
-// merged, a merged tree's prefix, and whether a plain step feeds the drafter. The planner asks it
-// and applies the answers; the commits tell it what verification accepted.
+// The cost model: the one owner of what a step costs (the measured StepCosts) and the one place
+// that chooses among priced options: the draft length, the batch's common length, the tree budget,
+// the known candidates alone or merged with a proposing source's block, a merged tree's prefix,
+// and whether a plain step feeds the drafter. It prices what the sources offer (draft_source.h:
+// a proposing source's acceptance curves, the known candidates' merged expectation) without
+// knowing whose offers they are; the planner asks it and applies the answers, and the sources learn
+// what verification accepted (their accept()).
 #pragma once
 
 #include "drafter/draft_tree.h"
-#include "engine/draft_length.h"
-#include "engine/path_calibration.h"
+#include "engine/draft_source.h"
+#include "engine/probe_schedule.h"
 #include "engine/step_price.h"
-#include "engine/tree_budget.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -20,11 +20,21 @@ namespace pdf2 {
 
 class JsonWriter;
 
+// tree_budget = auto: the tree against the chain, as the last step weighed them (per slot).
+struct TreeDecision {
+    int budget = 0;                // the best tree's nodes (0: none priced)
+    double tree_committed = 1.0;   // ... its expected committed tokens a slot
+    int chain_n = 0;               // the chain's drafts (0: plain)
+    double chain_committed = 1.0;
+    bool tree_chosen = false;
+    bool weighed = false;          // a step has weighed them
+};
+
 class CostModel {
   public:
     CostModel() = default;
     // max_draft: the drafter's block (0: none); tree_max_budget > 0: tree_budget = auto up to it
-    CostModel(int n_slots, int max_draft, int tree_max_budget);
+    CostModel(int max_draft, int tree_max_budget);
 
     // The measured costs (every price below is made with them). learn: they were measured on this
     // machine, and the steps as they run correct them (observe_device); else they stay as given.
@@ -34,22 +44,7 @@ class CostModel {
     bool priced() const { return costs_.has_row_cost(); }
     // a plain step skips the drafter's features where that is measurably cheaper
     bool unfed_plain() const { return costs_.starve_plain(); }
-
-    // A new request on `slot` starts from the acceptance seen over all requests, not from the
-    // optimistic prior (short requests would end before it settled).
-    void start_request(int slot);
-    const DraftLengthPolicy & policy(int slot) const { return slot_policies_[static_cast<size_t>(slot)]; }
-    int max_tree_budget() const { return tree_.max_budget(); }
-    // what the lattice's draft source learns its trees and calibration into (it drafts them)
-    TreeBudgetPolicy & tree_policy() { return tree_; }
-    PathCalibration & lattice_calibration() { return lattice_calibration_; }
-
-    // What verification accepted: a chain of n drafts with the first k accepted ...
-    void observe_chain(int slot, int n_drafted, int n_accepted);
-    // ... or a lattice tree (not a merged one): `path` its accepted nodes, of which the first
-    // n_in_place are its first-child chain of `chain` nodes (what the chain would have verified).
-    void observe_lattice_tree(int slot, const DraftTree & t, const std::vector<int32_t> & path, int chain,
-                              int n_in_place);
+    int max_tree_budget() const { return tree_max_budget_; }
 
     // A step's host seconds (the ledger's host parts) that verified `rows` rows and prefilled
     // nothing; plain: it verified no drafts. The prices' host work follows them (decayed).
@@ -61,24 +56,25 @@ class CostModel {
     // scaled by what the verify steps took against it (decayed).
     void observe_device(bool plain, int n_slots, int rows, int extra_heads, double seconds);
 
-    // The choices.
-    int draft_length(int slot) const { return policy(slot).best(costs_); }  // one slot's, alone
+    // The choices, over the offers of proposing sources (their chain acceptance and tree curves).
+    // One slot's draft length, alone (unmeasured: the whole block)
+    int draft_length(const Offer & offer) const;
     // the drafts every decoding slot verifies: the best batch rate under the linear model of rows
-    int batch_draft_length(const std::vector<size_t> & slots) const;
+    int batch_draft_length(const std::vector<const Offer *> & offers) const;
     // the probe schedule of chains: n, or a probe while plain decoding has lasted
-    int schedule_chain(int n) { return shared_.schedule(n, costs_); }
-    bool chain_probing() const { return shared_.probing(); }
+    int schedule_chain(int n);
+    bool chain_probing() const { return chain_probing_; }
     // tree_budget = auto: this step's budget for the decoding slots (0: the chain's n_chain drafts)
-    int tree_budget(const std::vector<size_t> & slots, int n_chain, bool chain_probe);
-    // what the lattice is expected to get accepted in a step of n_drafts drafts (a tree of tree_budget nodes)
-    double lattice_expected(int slot, int tree_budget, int n_drafts) const;
-    // Context drafts: e[b] = the candidate sources' expected accepted drafts in their best tree of b
-    // nodes (b = 0..). True: their tree alone (no propose) commits at least the merged tree's rate.
-    bool context_alone(const std::vector<double> & e, double lattice_expected, int lattice_rows, int n_drafts) const;
+    int tree_budget(const std::vector<const Offer *> & offers, int n_chain, bool chain_probe);
+    // Known candidates: e[b] = their expected accepted drafts in their best tree of b nodes (b =
+    // 0..); `proposed` what the proposing sources expect of the block they would draft (n drafts,
+    // `rows` verify rows with the anchor). True: the candidates' tree alone (no propose) commits at
+    // least the merged tree's rate.
+    bool candidates_alone(const std::vector<double> & e, double proposed, int rows, int n) const;
     // a merged tree's first nodes to verify (the best prefix; all when unpriced)
     int tree_prefix(const DraftTree & t) const;
 
-    // The model's state and the choice one slot would make now (stats' "tree_auto").
+    // The model's state and the tree against the chain as last weighed (stats' "tree_auto").
     void write_json(JsonWriter & w) const;
 
   private:
@@ -101,10 +97,11 @@ class CostModel {
     HostFit plain_host_, draft_host_;
     SeenSum plain_seen_, verify_seen_;
     int max_draft_ = 0;
-    std::vector<DraftLengthPolicy> slot_policies_;
-    DraftLengthPolicy shared_{0};  // over all requests
-    TreeBudgetPolicy tree_{0};     // tree_budget = auto: one for the engine, as shared_
-    PathCalibration lattice_calibration_;  // the lattice's estimates against what verification accepted
+    int tree_max_budget_ = 0;
+    ProbeSchedule chain_probes_, tree_probes_;  // one for the engine each, counted in steps
+    bool chain_probing_ = false;
+    TreeDecision tree_decision_;
+    std::vector<double> tree_curve_, chain_acceptance_;  // what the last weighing read (stats)
     int64_t n_tree_steps_ = 0, n_tree_probes_ = 0;
 };
 

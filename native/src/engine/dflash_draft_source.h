@@ -1,10 +1,15 @@
 // The DFlash drafter as a draft source: one forward of the drafter proposes a block (DFlash2: a
 // k-by-k lattice of candidates; DFlash1: logits), then the path selector picks the chain, or the
-// best-first tree over the lattice (draft_tree.h) is the step's candidates.
+// best-first tree over the lattice (draft_tree.h) is the step's candidates. Its candidates come
+// only with the propose, so it offers what it expects instead: its chain's acceptance per block
+// position (this slot's, learned from the chains and trees verified) and its trees' expected
+// acceptance by budget (the engine's); once drafted, it offers the block's nodes, calibrated.
 #pragma once
 
 #include "drafter/drafter.h"
+#include "engine/draft_length.h"
 #include "engine/draft_source.h"
+#include "engine/path_calibration.h"
 #include "engine/tree_budget.h"
 
 #include <optional>
@@ -31,35 +36,50 @@ struct DFlashSourceOptions {
     int max_draft = 0;             // the engine's block: only full blocks teach the tree budget
 };
 
+// What the lattice learns across the engine's slots.
+struct LatticeKit {
+    explicit LatticeKit(int max_draft = 0, int tree_max_budget = 0) : shared(max_draft), trees(tree_max_budget) {}
+    DraftLengthPolicy shared;     // its chains' acceptance over all requests (a new request starts from it)
+    TreeBudgetPolicy trees;       // tree_budget = auto: what every budget verifies, from every full lattice
+    PathCalibration calibration;  // its tree estimates against what verification accepted (merged trees)
+};
+
 class DFlashDraftSource final : public DraftSource {
   public:
-    // tree_policy: the engine's automatic tree budget, which learns from every full lattice;
-    // calibration: its selector estimates against what the target accepted (merged trees price by it)
-    DFlashDraftSource(Drafter & drafter, DrafterFeed & feed, TreeBudgetPolicy & tree_policy,
-                      PathCalibration & calibration, const llama_vocab * vocab, const DFlashSourceOptions & opts)
-        : drafter_(drafter), feed_(feed), tree_policy_(tree_policy), calibration_(calibration), vocab_(vocab),
-          opts_(opts) {}
+    DFlashDraftSource(Drafter & drafter, DrafterFeed & feed, LatticeKit & kit, const llama_vocab * vocab,
+                      const DFlashSourceOptions & opts)
+        : drafter_(drafter), feed_(feed), kit_(kit), vocab_(vocab), opts_(opts), chain_(opts.max_draft) {}
     const char * name() const override { return "lattice"; }
 
+    // a new request starts from the acceptance seen over all requests, not from the optimistic
+    // prior (short requests would end before it settled)
     void begin(const SourceStart & start) override;
+    Offer offer(const OfferRequest & req) override;
+    // req.merge: the block is also kept as candidates for the merged tree (its next offer's nodes)
     void draft(const DraftRequest & req, DraftBlock & out) override;
-    // its tree nodes teach the calibration which estimates the target accepted
+    // Its chains and trees teach its acceptance estimates what the target accepted: a chain of n
+    // drafts with k accepted, a tree its accepted path (and the chain it holds: what the chain
+    // would have done), every tree's nodes the calibration.
     void accept(const Verified & v) override;
-    // The block just drafted as candidates for a merged tree: a tree's nodes calibrated, a chain's
-    // (DFlash1) each at the running acceptance estimate of its position (chain_acceptance).
-    ScoredNodes scored(const DraftBlock & block, const std::vector<double> & chain_acceptance) const;
 
   private:
     void draft_tree(const Lattice & lattice, int tree_budget, DraftBlock & out);
     void select_chain(const DraftRequest & req, DraftBlock & out);
     void constrain(TargetSampler & sampler, DraftBlock & out) const;  // greedy drafts the grammar allows
+    // the block as candidates: a tree's nodes calibrated, a chain's (DFlash1) each at its position's
+    // running acceptance
+    void score(const DraftBlock & block);
+    void observe_chain(int n_drafted, int n_accepted);
+    void observe_tree(const DraftBlock & b, const std::vector<char> & node_accepted);
 
     Drafter & drafter_;
     DrafterFeed & feed_;
-    TreeBudgetPolicy & tree_policy_;
-    PathCalibration & calibration_;
+    LatticeKit & kit_;
     const llama_vocab * vocab_;
     DFlashSourceOptions opts_;
+    DraftLengthPolicy chain_;  // this slot's chain acceptance per block position
+    ScoredNodes drafted_;      // this step's block as candidates (after a draft for a merged tree)
+    bool has_drafted_ = false;
 };
 
 }  // namespace pdf2

@@ -6,16 +6,12 @@ namespace pdf2 {
 
 namespace {
 constexpr double DECAY = 0.97;           // older blocks fade: acceptance drifts with the text
-constexpr int PROBE_FIRST = 16;          // plain steps before the first probe
-constexpr int PROBE_MAX = 512;           // ... and at most between probes
-constexpr int PROBE_DRAFT = 3;
 }  // namespace
 
 DraftLengthPolicy::DraftLengthPolicy(int max_draft)
     : max_draft_(std::max(0, max_draft)),
       reached_(static_cast<size_t>(std::max(0, max_draft)), PRIOR_REACHED),
-      accepted_(static_cast<size_t>(std::max(0, max_draft)), PRIOR_ACCEPTED),
-      probe_interval_(PROBE_FIRST) {}
+      accepted_(static_cast<size_t>(std::max(0, max_draft)), PRIOR_ACCEPTED) {}
 
 void DraftLengthPolicy::observe(int n_drafted, int n_accepted) {
     n_drafted = std::min(n_drafted, max_draft_);
@@ -65,32 +61,5 @@ int best_draft_length(const std::vector<double> & acceptance, const StepCosts & 
 }
 
 double DraftLengthPolicy::expected_tokens(int n) const { return pdf2::expected_tokens(acceptance(), n); }
-
-int DraftLengthPolicy::best(const StepCosts & costs) const {
-    if (max_draft_ == 0 || !costs.measured()) {
-        return max_draft_;
-    }
-    return best_draft_length(acceptance(), costs);
-}
-
-int DraftLengthPolicy::schedule(int n, const StepCosts & costs) {
-    probing_ = false;
-    if (max_draft_ == 0 || !costs.measured()) {
-        return n;
-    }
-    if (n == 0) {
-        if (++plain_streak_ >= probe_interval_) {
-            // probe; if plain decoding still wins afterwards, wait twice as long next time
-            plain_streak_ = 0;
-            probe_interval_ = std::min(2 * probe_interval_, PROBE_MAX);
-            probing_ = true;
-            return std::min(PROBE_DRAFT, max_draft_);
-        }
-    } else {
-        plain_streak_ = 0;
-        probe_interval_ = PROBE_FIRST;
-    }
-    return n;
-}
 
 }  // namespace pdf2

@@ -28,14 +28,7 @@ class DraftLengthPolicy {
     // One verified block: n drafts offered, the first n_accepted accepted.
     void observe(int n_drafted, int n_accepted);
 
-    // The n with the best expected rate under the measured costs (no probing; unmeasured: max_draft).
-    int best(const StepCosts & costs) const;
-    // The probe schedule: `n` chosen elsewhere (e.g. for a whole batch of slots)
-    // comes back unchanged, or as a probe when plain decoding has lasted, so that
-    // the acceptance estimate can recover when the text gets easier.
-    int schedule(int n, const StepCosts & costs);
-    // Whether the last schedule() was a probe (n > 0 although plain decoding looked best).
-    bool probing() const { return probing_; }
+    int max_draft() const { return max_draft_; }
 
     // Conditional acceptance estimate of each position (1-based index i-1).
     std::vector<double> acceptance() const;
@@ -45,9 +38,6 @@ class DraftLengthPolicy {
     int max_draft_;
     std::vector<double> reached_;   // decayed count of blocks that reached position i
     std::vector<double> accepted_;  // ... in which position i was accepted
-    int plain_streak_ = 0;
-    bool probing_ = false;
-    int probe_interval_;  // grows while probes keep confirming plain decoding
 };
 
 }  // namespace pdf2

@@ -1,11 +1,13 @@
 // Where a step's candidate tokens come from. Every drafting method is one class behind this
 // interface, with the lifecycle llama.cpp's common/speculative.cpp gives its methods (begin, draft,
-// accept) and, since this engine prices its sources, an offer: what the source could draft this
-// step, as candidate nodes with calibrated acceptance estimates, known before anything is drafted.
-// The sources: the DFlash drafter's lattice (dflash_draft_source.h, which learns its candidates only
-// by drafting), the context's continuations (context_draft_source.h) and the last tokens repeated
-// (repeat_draft_source.h); the merged tree (merged_draft_source.h) is a composite source over them.
-// A new method is one new file and one line in draft_sources.cpp's registry.
+// accept) and, since this engine prices its sources, an offer: what the source could get accepted
+// this step, known before anything is drafted, priced by the cost model as any other source's.
+// The sources: the DFlash drafter's lattice (dflash_draft_source.h, whose candidates come only with
+// its propose: it offers its expected acceptance instead), the context's continuations
+// (context_draft_source.h) and the last tokens repeated (repeat_draft_source.h); the merged tree
+// (merged_draft_source.h) is a composite source over them. A new method is one new file and one
+// line in draft_sources.cpp's registry. The slot's dispatcher (SlotSources, draft_sources.h) counts
+// and times every call: a source only drafts, offers and learns.
 #pragma once
 
 #include "drafter/draft_tree.h"
@@ -29,11 +31,34 @@ struct DraftRequest {
     int n = 0;
     int tree_budget = 0;
     TargetSampler * sampler = nullptr;  // the request's chain: its law, grammar and generator
-    // a merged tree (merged_draft_source.h): its candidate paths' depth and its leaves, and the
-    // acceptance of a DFlash1 chain's positions (its drafts' estimates)
+    // a merged tree (merged_draft_source.h): its candidate paths' depth and its leaves, and which
+    // sources it merges (bits by source index, as DraftBlock::origin)
     int depth = 0;
     int max_leaves = 0;
-    const std::vector<double> * chain_acceptance = nullptr;
+    uint32_t merge = 0;
+};
+
+// What the planner asks an offer for: candidate paths at most max_depth deep; a source that proposes
+// is told the block the step would draft (n_drafts, or a tree of tree_budget nodes when > 0).
+struct OfferRequest {
+    int max_depth = 0;
+    int n_drafts = 0;
+    int tree_budget = 0;
+};
+
+// What a source offers this step. A source whose candidates are known before drafting gives them,
+// calibrated (nodes); one that learns them only by proposing gives its expected acceptance curves
+// instead, and its nodes once it has drafted this step. The cost model prices either without
+// knowing whose it is (cost_model.h).
+struct Offer {
+    const ScoredNodes * nodes = nullptr;  // candidates now (null: none, or only after its propose)
+    // a proposing source: the conditional acceptance of its chain's block positions 1..max, and the
+    // expected accepted drafts of its best tree of b nodes (b = 0..; empty: no tree seen yet)
+    std::vector<double> chain_acceptance;
+    std::vector<double> tree_accepted;
+    bool proposes() const { return !chain_acceptance.empty(); }
+    // expected accepted drafts of the block of the request (its chain of n_drafts, or its tree)
+    double expected(const OfferRequest & req) const;
 };
 
 // The candidates a source returns, and what drafting them cost (the engine's phase timings).
@@ -42,10 +67,11 @@ struct DraftBlock {
     std::vector<SparseDist> q;        // chain: the law each draft was drawn from (one-hot when picked)
     bool is_tree = false;             // tokens are tree's nodes
     DraftTree tree;
-    // a merged tree (merged_draft_tree.h), per node: its sources (DraftOrigin bits) and, per
+    // a merged tree (merged_draft_tree.h), per node: its sources (bits by source index) and, per
     // source index, their raw log-estimates; empty: every node is the drafter's
     std::vector<uint8_t> origin;
     std::vector<std::vector<double>> source_logp;
+    int source = -1;             // the source index that drafted an unmerged block (SlotSources sets it)
     double seconds = 0.0;        // all of drafting
     double propose_s = 0.0;      // ... of which the drafter's forward
     double select_s = 0.0;       // ... and choosing the block from its proposal
@@ -56,6 +82,7 @@ struct DraftBlock {
         tokens.clear();
         q.clear();
         is_tree = false;
+        source = -1;
         origin.clear();
         source_logp.clear();
         seconds = propose_s = select_s = graph_setup_s = 0.0;
@@ -108,11 +135,19 @@ struct SourceCounts {
 };
 struct SourceStats {
     SourceCounts request, total;
+    // every call the dispatcher made to the source (begin, offer, draft, accept, finish), and its seconds
+    int64_t calls = 0;
+    double seconds = 0.0;
     std::vector<int64_t> accepted_per_depth;  // total: accepted nodes at tree depth (block position) 1..
     void count_depth(int depth) {
         if (depth < 1) return;
         if (accepted_per_depth.size() < static_cast<size_t>(depth)) accepted_per_depth.resize(static_cast<size_t>(depth), 0);
         accepted_per_depth[static_cast<size_t>(depth - 1)] += 1;
+    }
+    void start_request() { request = SourceCounts{}; }
+    void called(double secs) {
+        calls += 1;
+        seconds += secs;
     }
     void add(int64_t nodes, int64_t accepted) {
         for (SourceCounts * c : {&request, &total}) {
@@ -131,31 +166,25 @@ class DraftSource {
     // A request starts on the slot / has ended.
     virtual void begin(const SourceStart & start) { (void)start; }
     virtual void finish() {}
-    // What it could draft after the stream's last token, at most max_depth deep: candidates with
-    // calibrated estimates (merged_draft_tree.h), or null when it has none now or learns its
-    // candidates only by drafting (the drafter: its price is its policies' estimate).
-    virtual const ScoredNodes * offer(int max_depth) { (void)max_depth; return nullptr; }
+    // What it could get accepted after the stream's last token (Offer).
+    virtual Offer offer(const OfferRequest & req) = 0;
     // The next block for req (n > 0); out was cleared.
     virtual void draft(const DraftRequest & req, DraftBlock & out) = 0;
-    // What verification committed. The base counts the source's nodes in the block (its origin
-    // bit; an unmerged block is the drafter's) and their acceptance; a source that learns from
-    // it overrides and calls this too.
-    virtual void accept(const Verified & v);
+    // What verification committed, told to every source of the slot: one that learns from it
+    // overrides this (the dispatcher counts the source's nodes itself).
+    virtual void accept(const Verified & v) { (void)v; }
 
-    // The bit of its nodes in a merged block's origin (DraftOrigin), its index in source_logp.
+    // The bit of its nodes in a merged block's origin, its index in source_logp (SlotSources sets it).
     void set_index(int index) { index_ = index; }
     int index() const { return index_; }
     uint8_t origin_bit() const { return static_cast<uint8_t>(1u << index_); }
-    const SourceStats & stats() const { return stats_; }
 
   protected:
     std::vector<int32_t> own_nodes(const DraftBlock & b) const;  // its nodes in a tree block
     double node_logp(const DraftBlock & b, int32_t node) const;  // its raw log-estimate of one of them
-    void reset_request_stats() { stats_.request = SourceCounts{}; }
 
   private:
     int index_ = 0;
-    SourceStats stats_;
 };
 
 }  // namespace pdf2

@@ -14,6 +14,14 @@ void StatsRecorder::start(SlotStats & st, int64_t n_prompt, int64_t n_reused, in
     stats_.n_prompt_reused += n_reused;
 }
 
+void StatsRecorder::ran(SlotStats & st, const std::string & plan, double expected, int committed) {
+    auto it = std::find_if(st.plans.begin(), st.plans.end(), [&](const PlanRun & r) { return r.plan == plan; });
+    if (it == st.plans.end()) it = st.plans.insert(st.plans.end(), PlanRun{plan, 0, 0.0, 0});
+    it->steps += 1;
+    it->expected += expected;
+    it->committed += committed;
+}
+
 void StatsRecorder::timed_decode(int rows, double seconds, bool fed) {
     const size_t i = static_cast<size_t>(std::max(rows, 1) - 1);
     auto add = [&](std::vector<int64_t> & n, std::vector<double> & s) {

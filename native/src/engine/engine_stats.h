@@ -7,9 +7,20 @@
 #include "engine/step_ledger.h"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace pdf2 {
+
+// One plan the planner ran for a request's steps ("plain", "chain of 3", "tree of 16", "merged
+// tree", "candidates' tree"): its steps, the tokens the cost model expected them to commit, and
+// those they committed. The explanation a user reads is made of these (pydflash2/draft_decision.py).
+struct PlanRun {
+    std::string plan;
+    int64_t steps = 0;
+    double expected = 0.0;  // summed over its steps
+    int64_t committed = 0;
+};
 
 // One request's counters on its slot (reset by start()).
 struct SlotStats {
@@ -25,6 +36,7 @@ struct SlotStats {
     // (drafted nodes by source: each source's own counters, draft_sources.h)
     int64_t n_context_steps = 0;    // steps that verified a merged or candidates-only tree
     int64_t n_propose_skipped = 0;  // ... of which without the drafter's propose (candidates alone)
+    std::vector<PlanRun> plans;     // the plans its verify steps ran, in order of first use
 };
 
 // Engine-wide counters since creation (the server turns them into metrics).
@@ -78,6 +90,8 @@ class StatsRecorder {
     void drafted(SlotStats & st, int depth, int n_drafted, int k);
     void block(SlotStats & st, int n, bool tree);
     void merged_step(SlotStats & st, bool propose_skipped);  // a merged or candidates-only tree drafted
+    // a verify step of the request ran `plan`, expected to commit `expected` tokens, and committed these
+    void ran(SlotStats & st, const std::string & plan, double expected, int committed);
 
   private:
     BatchStats stats_;

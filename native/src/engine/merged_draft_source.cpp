@@ -1,56 +1,55 @@
 #include "engine/merged_draft_source.h"
 
+#include "common/clock.h"
+#include "engine/draft_sources.h"
+
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <utility>
 
 namespace pdf2 {
 
-namespace {
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-}  // namespace
-
-void MergedDraftSource::set_sources(DFlashDraftSource * lattice, std::vector<DraftSource *> candidates) {
-    lattice_ = lattice;
-    candidates_ = std::move(candidates);
-}
-
-std::vector<const ScoredNodes *> MergedDraftSource::offers(int max_depth) {
-    std::vector<const ScoredNodes *> out(1, nullptr);  // index 0: the lattice's, once drafted
-    for (DraftSource * c : candidates_) {
-        out.resize(std::max(out.size(), static_cast<size_t>(c->index()) + 1), nullptr);
-        out[static_cast<size_t>(c->index())] = c->offer(max_depth);
-    }
-    return out;
-}
-
-std::vector<double> MergedDraftSource::expected_accepted(int max_depth, int max_nodes, int max_leaves) {
+std::vector<double> MergedDraftSource::expected_accepted(SlotSources & sources, int max_depth, int max_nodes,
+                                                         int max_leaves) {
     std::vector<double> out(1, 0.0);
-    const std::vector<const ScoredNodes *> o = offers(max_depth);
-    if (std::all_of(o.begin(), o.end(), [](const ScoredNodes * s) { return s == nullptr; })) return out;
-    const MergedTree m = merge_draft_trees(o, max_nodes, max_leaves);
+    OfferRequest oreq;
+    oreq.max_depth = max_depth;
+    std::vector<const ScoredNodes *> known;
+    for (const Offer & o : sources.offers(oreq)) known.push_back(o.proposes() ? nullptr : o.nodes);  // (a proposer's come with its propose)
+    if (std::all_of(known.begin(), known.end(), [](const ScoredNodes * s) { return s == nullptr; })) return out;
+    const MergedTree m = merge_draft_trees(known, max_nodes, max_leaves);
     for (const double lp : m.tree.logp) out.push_back(out.back() + std::exp(lp));
     return out;
 }
 
-void MergedDraftSource::draft(const DraftRequest & req, DraftBlock & out) {
+void MergedDraftSource::draft(SlotSources & sources, const DraftRequest & req, DraftBlock & out) {
     const auto t0 = Clock::now();
-    ScoredNodes lattice;
-    if (req.n > 0 && lattice_ != nullptr) {
-        DraftRequest lattice_req = req;
-        lattice_req.depth = 0;
-        lattice_->draft(lattice_req, out);
-        lattice = lattice_->scored(out, req.chain_acceptance != nullptr ? *req.chain_acceptance : std::vector<double>{});
+    OfferRequest oreq;
+    oreq.max_depth = req.depth;
+    std::vector<Offer> offers = sources.offers(oreq);
+    // the proposing sources draft first (their nodes come with the propose), at the drafter's depth
+    double propose_s = 0.0, graph_setup_s = 0.0, select_s = 0.0;
+    int64_t n_graph_builds = 0;
+    for (int i = 0; i < sources.size(); ++i) {
+        if (!offers[static_cast<size_t>(i)].proposes()) continue;
+        offers[static_cast<size_t>(i)].nodes = nullptr;
+        if (req.n <= 0) continue;
+        DraftRequest own = req;
+        own.depth = 0;
+        own.merge = 1u << i;
+        DraftBlock block;
+        sources.draft(i, own, block);
+        propose_s += block.propose_s;
+        graph_setup_s += block.graph_setup_s;
+        select_s += block.select_s;
+        n_graph_builds += block.n_graph_builds;
+        offers[static_cast<size_t>(i)] = sources.offer(i, oreq);
     }
     const auto t_merge = Clock::now();
-    std::vector<const ScoredNodes *> o = offers(req.depth);
-    o[0] = req.n > 0 ? &lattice : nullptr;
-    MergedTree m = merge_draft_trees(o, req.tree_budget, req.max_leaves);
-    // the drafter's timings stay; merging is selection
-    const double propose_s = out.propose_s, graph_setup_s = out.graph_setup_s, select_s = out.select_s;
-    const int64_t n_graph_builds = out.n_graph_builds;
+    std::vector<const ScoredNodes *> nodes;
+    for (const Offer & o : offers) nodes.push_back(o.nodes);
+    MergedTree m = merge_draft_trees(nodes, req.tree_budget, req.max_leaves);
+    // the drafters' timings stay; merging is selection
     out.clear();
     out.set_merged(std::move(m));
     out.propose_s = propose_s;

@@ -19,9 +19,8 @@
 
 namespace pdf2 {
 
-// Which sources drafted a node: bit i for source index i (draft_sources.h numbers them: the
-// lattice 0, the context 1); a node several propose has several bits.
-enum DraftOrigin : uint8_t { kFromLattice = 1, kFromContext = 2 };
+// Which sources drafted a node: bit i for source index i (draft_sources.h numbers them in the
+// order they were added); a node several propose has several bits.
 inline constexpr int kMaxSources = 8;
 
 // One source's candidates: nodes parent before child, tokens distinct among siblings.
@@ -47,7 +46,7 @@ struct ScoredNodes {
 // The merged tree's nodes, with the tree.
 struct MergedTree {
     DraftTree tree;                   // logp = log of the merged (calibrated, capped) estimate
-    std::vector<uint8_t> origin;      // per node: DraftOrigin bits
+    std::vector<uint8_t> origin;      // per node: its sources' bits
     // per source index, per node: the source's raw log-estimate (-inf: not the source's)
     std::vector<std::vector<double>> source_logp;
 };

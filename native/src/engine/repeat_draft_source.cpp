@@ -10,7 +10,6 @@ constexpr double DECAY = 0.99;
 }  // namespace
 
 void RepeatDraftSource::begin(const SourceStart & start) {
-    reset_request_stats();
     stream_.assign(start.prompt->begin(), start.prompt->end());
     offered_ = ScoredNodes{};
 }
@@ -27,30 +26,33 @@ int RepeatDraftSource::period() const {
     return 0;
 }
 
-const ScoredNodes * RepeatDraftSource::offer(int max_depth) {
+Offer RepeatDraftSource::offer(const OfferRequest & req) {
     offered_ = ScoredNodes{};
+    Offer o;
     const int p = period();
-    if (p == 0) return nullptr;
+    if (p == 0) return o;
     const double rate = accepted_ / reached_;
     const auto n = static_cast<int>(stream_.size());
-    for (int d = 0; d < max_depth; ++d) {
+    for (int d = 0; d < req.max_depth; ++d) {
         offered_.parent.push_back(d - 1);
         offered_.token.push_back(stream_[static_cast<size_t>(n - p + d % p)]);
         offered_.cand.push_back(-1);
         offered_.raw_logp.push_back((d + 1) * std::log(rate));
         offered_.p.push_back(std::pow(rate, d + 1));
     }
-    return offered_.size() > 0 ? &offered_ : nullptr;
+    if (offered_.size() > 0) o.nodes = &offered_;
+    return o;
 }
 
 void RepeatDraftSource::draft(const DraftRequest & req, DraftBlock & out) {
     std::vector<const ScoredNodes *> sources(static_cast<size_t>(index()) + 1, nullptr);
-    sources.back() = offer(req.n);
+    OfferRequest o;
+    o.max_depth = req.n;
+    sources.back() = offer(o).nodes;
     out.set_merged(merge_draft_trees(sources, req.tree_budget, 1));
 }
 
 void RepeatDraftSource::accept(const Verified & v) {
-    DraftSource::accept(v);
     // the offer's tokens against the committed ones: each reached token was taken or not
     for (size_t d = 0; d < v.n_committed && d < offered_.token.size(); ++d) {
         reached_ = DECAY * reached_ + 1.0;

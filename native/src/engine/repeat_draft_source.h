@@ -18,7 +18,7 @@ class RepeatDraftSource final : public DraftSource {
     const char * name() const override { return "repeat"; }
     void begin(const SourceStart & start) override;
     // the run continued, one chain, each token at the learned acceptance of a repeat
-    const ScoredNodes * offer(int max_depth) override;
+    Offer offer(const OfferRequest & req) override;
     void draft(const DraftRequest & req, DraftBlock & out) override;
     // the committed tokens join the stream; the last offer learns how far they followed it
     void accept(const Verified & v) override;

@@ -6,6 +6,8 @@
 // the drafter's propose and inject graphs (docs/python-api.md, benchmarks/step_ledger.py).
 #pragma once
 
+#include "common/clock.h"
+
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -41,7 +43,7 @@ bool is_host(Part p);
 
 class StepLedger {
   public:
-    using Clock = std::chrono::steady_clock;
+    using Clock = pdf2::Clock;
 
     // Times one part from construction to destruction, less the scopes and add()s inside it.
     // Inside a Prefill scope every part is Prefill: a prompt chunk's host work (hundreds of rows

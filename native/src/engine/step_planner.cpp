@@ -10,12 +10,29 @@
 
 namespace pdf2 {
 
-int BatchEngine::slot_draft_length(size_t i) const {
-    if (slots_[i].drafting.drafter == nullptr || max_draft_ == 0) {
+std::string BatchEngine::SlotPlan::name() const {
+    if (merged) return propose ? "merged tree" : "candidates' tree";
+    if (n_drafts <= 0) return "plain";
+    if (tree_budget > 0) return "tree of " + std::to_string(tree_budget);
+    return "chain of " + std::to_string(n_drafts);
+}
+
+int BatchEngine::slot_draft_length(const StepPlan & plan, size_t i) const {
+    if (plan.slots[i].proposer < 0 || max_draft_ == 0) {
         return 0;
     }
-    return opts_.draft_length == DraftLength::Adaptive ? cost_model_.draft_length(static_cast<int>(i))
+    return opts_.draft_length == DraftLength::Adaptive ? cost_model_.draft_length(plan.proposals[i])
                                                        : max_draft_;  // probes: plan_step()
+}
+
+// The tokens a chain's or tree's plan is expected to commit: 1 + its proposer's expectation.
+double BatchEngine::expected_committed(const StepPlan & plan, size_t i) const {
+    const SlotPlan & p = plan.slots[i];
+    if (p.proposer < 0 || p.n_drafts <= 0) return 1.0;
+    OfferRequest req;
+    req.n_drafts = p.n_drafts;
+    req.tree_budget = p.tree_budget;
+    return 1.0 + plan.proposals[i].expected(req);
 }
 
 // Every decoding slot verifies the same number of rows: llama.cpp splits a multi-sequence batch
@@ -23,21 +40,31 @@ int BatchEngine::slot_draft_length(size_t i) const {
 // batch order). The common draft length is the longest any slot's policy asks for.
 BatchEngine::StepPlan BatchEngine::plan_step(std::vector<int32_t> & counts) {
     StepPlan plan;
+    plan.slots.resize(slots_.size());
+    plan.proposals.resize(slots_.size());
+    std::vector<const Offer *> proposals;  // the decoding slots' proposing sources' offers
     for (size_t i = 0; i < slots_.size(); ++i) {
         Slot & s = slots_[i];
         if (s.state == State::Decode && s.seq.pos >= opts_.n_ctx_slot) {
             s.state = State::Full;
             counts[i] = -1;
         }
-        if (s.state == State::Decode) {
-            plan.decoding.push_back(i);
-            plan.common_length = std::max(plan.common_length, slot_draft_length(i));
+        if (s.state != State::Decode) continue;
+        plan.decoding.push_back(i);
+        // the source that proposes (its offer: its acceptance curves), priced like any other's
+        std::vector<Offer> offers = s.drafting.sources.offers(OfferRequest{});
+        for (size_t j = 0; j < offers.size() && plan.slots[i].proposer < 0; ++j) {
+            if (!offers[j].proposes()) continue;
+            plan.slots[i].proposer = static_cast<int>(j);
+            plan.proposals[i] = std::move(offers[j]);
+            proposals.push_back(&plan.proposals[i]);
         }
+        plan.common_length = std::max(plan.common_length, slot_draft_length(plan, i));
     }
     const int n_decoding = static_cast<int>(plan.decoding.size());
     const bool adaptive = opts_.draft_length == DraftLength::Adaptive && max_draft_ > 0;
     if (adaptive && cost_model_.priced() && n_decoding > 1) {
-        plan.common_length = cost_model_.batch_draft_length(plan.decoding);
+        plan.common_length = cost_model_.batch_draft_length(proposals);
     }
     // While nobody drafts, a probe now and then lets the acceptance estimate
     // recover. One schedule for the engine, counted in steps (a new request
@@ -53,28 +80,31 @@ BatchEngine::StepPlan BatchEngine::plan_step(std::vector<int32_t> & counts) {
     // tree_budget = auto: a tree for every decoding slot when the cost model prices it above the
     // chain's choice (or now and then as a probe), at the block's full depth; else the chain
     plan.tree_budget = !opts_.tree_auto ? opts_.tree_budget
-                                        : cost_model_.tree_budget(plan.decoding, plan.common_length, plan.probe_slot >= 0);
+                                        : cost_model_.tree_budget(proposals, plan.common_length, plan.probe_slot >= 0);
     if (opts_.tree_auto && plan.tree_budget > 0) {
         plan.common_length = max_draft_;
         plan.probe_slot = -1;
     }
     plan.row_share = n_decoding > 0 ? batch_cap_ / n_decoding - 1 : 0;
     if (exact_rows_ > 0) plan.row_share = std::min(plan.row_share, exact_rows_ - 1);  // pending rows included
-    plan.slots.resize(slots_.size());
-    for (const size_t i : plan.decoding) plan.slots[i] = plan_slot(plan, i);
+    for (const size_t i : plan.decoding) {
+        const int proposer = plan.slots[i].proposer;
+        plan.slots[i] = plan_slot(plan, i);
+        plan.slots[i].proposer = proposer;
+        plan.slots[i].expected = expected_committed(plan, i);
+    }
     plan_context(plan);
     return plan;
 }
 
-// Context drafts: a slot whose context matches verifies the context's tree alone (no propose) when
-// the cost model prices that at least as fast as the drafter's plan with the context merged in;
-// else the merged tree.
+// Known candidates (the context's, any added source's): a slot whose sources offer some verifies
+// their tree alone (no propose) when the cost model prices that at least as fast as the proposer's
+// plan with them merged in; else the merged tree.
 void BatchEngine::plan_context(StepPlan & plan) {
     if (opts_.context_nodes == 0) return;
     for (const size_t i : plan.decoding) {
         Slot & s = slots_[i];
         SlotPlan & p = plan.slots[i];
-        if (!s.drafting.sources.has_candidates()) continue;
         const int room = opts_.n_ctx_slot - s.seq.pos - 1;
         int depth = std::min(kContextMaxDepth, room);
         if (s.request.max_tokens > 0) {
@@ -86,23 +116,22 @@ void BatchEngine::plan_context(StepPlan & plan) {
         if (depth <= 0 || nodes <= 0) continue;
         const std::vector<double> e = [&] {
             const StepLedger::Scope offers(stats_.ledger(), Part::Offers);
-            return s.drafting.sources.merged().expected_accepted(depth, nodes, kContextBranches);
+            return s.drafting.sources.merged().expected_accepted(s.drafting.sources, depth, nodes, kContextBranches);
         }();
-        if (e.size() <= 1) continue;  // no match: the drafter's plan
-        p.context_depth = depth;
-        p.context_nodes = nodes;
-        if (s.drafting.drafter == nullptr || p.n_drafts <= 0) {
-            p.source = Source::Context;
-            continue;
-        }
+        if (e.size() <= 1) continue;  // nothing known: the proposer's plan
+        p.merged = true;
+        p.merge_depth = depth;
+        p.merge_nodes = nodes;
+        if (p.proposer < 0 || p.n_drafts <= 0) continue;  // the candidates alone
         if (opts_.tree_budget > 0 && !opts_.tree_auto) {
-            p.source = Source::Merged;  // a fixed tree: the budget is shared, every step
+            p.propose = true;  // a fixed tree: the budget is shared, every step
             continue;
         }
-        const int lattice_rows = 1 + (p.tree_budget > 0 ? p.tree_budget : p.n_drafts);
-        const double lattice = cost_model_.lattice_expected(static_cast<int>(i), p.tree_budget, p.n_drafts);
-        const bool alone = cost_model_.context_alone(e, lattice, lattice_rows, p.n_drafts);
-        p.source = alone ? Source::Context : Source::Merged;
+        OfferRequest block;
+        block.n_drafts = p.n_drafts;
+        block.tree_budget = p.tree_budget;
+        const int rows = 1 + (p.tree_budget > 0 ? p.tree_budget : p.n_drafts);
+        p.propose = !cost_model_.candidates_alone(e, plan.proposals[i].expected(block), rows, p.n_drafts);
     }
 }
 
@@ -122,7 +151,7 @@ BatchEngine::SlotPlan BatchEngine::plan_slot(const StepPlan & plan, size_t i) co
     const int wanted = static_cast<int>(i) == plan.probe_slot ? std::max(plan.probe_length, plan.common_length)
                                                               : plan.common_length;
     const int room = opts_.n_ctx_slot - s.seq.pos - 1;
-    int n = s.drafting.drafter == nullptr ? 0 : std::min({wanted, room, plan.row_share});
+    int n = plan.slots[i].proposer < 0 ? 0 : std::min({wanted, room, plan.row_share});
     if (s.request.max_tokens > 0) {
         // no rows past the request's last token (a slot near its end may verify in a group of its own)
         n = std::max(0, std::min<int>(n, s.request.max_tokens - static_cast<int>(s.request.stats.n_generated) - 1));
@@ -163,7 +192,9 @@ void BatchEngine::draft(size_t i, const SlotPlan & p) {
     Slot & s = slots_[i];
     DraftBlock & block = s.rows.block;
     block.clear();
-    if (p.source == Source::Merged || p.source == Source::Context) {
+    s.plan = p.name();
+    s.plan_expected = p.expected;
+    if (p.merged) {
         draft_merged(i, p);
         return;
     }
@@ -171,7 +202,7 @@ void BatchEngine::draft(size_t i, const SlotPlan & p) {
         return;
     }
     const StepLedger::Scope select(stats_.ledger(), Part::Select);  // the source's own timers split it
-    s.drafting.sources.lattice()->draft(draft_request(s, p.n_drafts, p.tree_budget), block);
+    s.drafting.sources.draft(p.proposer, draft_request(s, p.n_drafts, p.tree_budget), block);
     record_draft_times(block);
 }
 
@@ -182,25 +213,23 @@ void BatchEngine::record_draft_times(const DraftBlock & block) {
     stats_.graph_builds(block.n_graph_builds);
 }
 
-// A merged tree (merged_draft_source.h): the candidate sources' offers alone (Source::Context: no
-// propose), or with the drafter's block (the lattice's tree at the context's node budget, or a
-// DFlash1 chain); the cost model keeps its best prefix.
+// A merged tree (merged_draft_source.h): the known candidates alone (no propose), or with the
+// proposer's block (its tree at the merged tree's node budget, or a DFlash1 chain); the cost model
+// keeps its best prefix, and expects what the kept nodes' estimates add up to.
 void BatchEngine::draft_merged(size_t i, const SlotPlan & p) {
     Slot & s = slots_[i];
     DraftBlock & block = s.rows.block;
-    const bool lattice = p.source == Source::Merged;
-    DraftRequest req = draft_request(s, lattice ? std::max(1, std::min(max_draft_, p.context_depth)) : 0,
-                                     p.context_nodes);
-    req.depth = p.context_depth;
-    req.max_leaves = lattice ? tree_branches_ : kContextBranches;
-    const std::vector<double> chain_acceptance = lattice ? cost_model_.policy(static_cast<int>(i)).acceptance() : std::vector<double>{};
-    req.chain_acceptance = &chain_acceptance;
+    DraftRequest req = draft_request(s, p.propose ? std::max(1, std::min(max_draft_, p.merge_depth)) : 0, p.merge_nodes);
+    req.depth = p.merge_depth;
+    req.max_leaves = p.propose ? tree_branches_ : kContextBranches;
     const StepLedger::Scope select(stats_.ledger(), Part::Select);  // the source's own timers split it
-    s.drafting.sources.merged().draft(req, block);
+    s.drafting.sources.merged().draft(s.drafting.sources, req, block);
     truncate_block(block, context_prefix(block));
     record_draft_times(block);
+    s.plan_expected = 1.0;
+    for (const double logp : block.tree.logp) s.plan_expected += std::exp(logp);
     if (!block.tokens.empty()) {
-        stats_.merged_step(s.request.stats, /*propose_skipped =*/!lattice && s.drafting.drafter != nullptr);
+        stats_.merged_step(s.request.stats, /*propose_skipped =*/!p.propose && p.proposer >= 0);
     }
 }
 

@@ -7,15 +7,11 @@ namespace pdf2 {
 
 namespace {
 constexpr double DECAY = 0.97;      // as the draft length's: acceptance drifts with the text
-constexpr int PROBE_FIRST = 16;     // steps without a tree before the first probe
-constexpr int PROBE_MAX = 512;      // ... and at most between probes
-constexpr int PROBE_BUDGET = 4;     // before any tree was seen
 }  // namespace
 
 TreeBudgetPolicy::TreeBudgetPolicy(int max_budget)
     : max_budget_(std::max(0, max_budget)),
-      node_mass_(static_cast<size_t>(max_budget_) * N_BANDS, 0.0),
-      probe_interval_(PROBE_FIRST) {}
+      node_mass_(static_cast<size_t>(max_budget_) * N_BANDS, 0.0) {}
 
 void TreeBudgetPolicy::observe_tree(const DraftTree & t) {
     if (max_budget_ == 0) return;
@@ -37,31 +33,20 @@ void TreeBudgetPolicy::observe_verify(const DraftTree & t, const std::vector<int
 }
 
 double TreeBudgetPolicy::expected_accepted(int b) const {
-    double e = 0.0;
-    for (int i = 0; i < std::min(b, max_budget_); ++i) {
+    const std::vector<double> e = expected_curve();
+    return e[static_cast<size_t>(std::clamp(b, 0, max_budget_))];
+}
+
+std::vector<double> TreeBudgetPolicy::expected_curve() const {
+    std::vector<double> e(static_cast<size_t>(max_budget_) + 1, 0.0);
+    for (int i = 0; i < max_budget_; ++i) {
         double node = 0.0;
         for (int band = 0; band < N_BANDS; ++band) {
             node += node_mass_[static_cast<size_t>(i) * N_BANDS + static_cast<size_t>(band)] * calibration_.factor(band);
         }
-        e += std::min(node, 1.0);  // a node is accepted at most once
+        e[static_cast<size_t>(i) + 1] = e[static_cast<size_t>(i)] + std::min(node, 1.0);  // a node is accepted at most once
     }
     return e;
 }
-
-bool TreeBudgetPolicy::schedule(bool tree_chosen) {
-    if (max_budget_ == 0) return false;
-    if (tree_chosen) {
-        idle_streak_ = 0;
-        probe_interval_ = PROBE_FIRST;
-        return false;
-    }
-    if (++idle_streak_ < probe_interval_) return false;
-    // probe; if no tree is chosen afterwards either, wait twice as long next time
-    idle_streak_ = 0;
-    probe_interval_ = std::min(2 * probe_interval_, PROBE_MAX);
-    return true;
-}
-
-int TreeBudgetPolicy::probe_budget() const { return std::min(PROBE_BUDGET, max_budget_); }
 
 }  // namespace pdf2

@@ -9,7 +9,6 @@
 #pragma once
 
 #include "drafter/draft_tree.h"
-#include "engine/step_price.h"
 #include "engine/path_calibration.h"
 
 #include <algorithm>
@@ -32,18 +31,8 @@ class TreeBudgetPolicy {
 
     // Expected accepted drafts of a tree of b nodes (0..max_budget); 0 before any tree was seen.
     double expected_accepted(int b) const;
-    // The budget b in 1..max_budget with the best committed tokens per second; price(b, committed)
-    // prices a step verifying b nodes that commits `committed` = 1 + expected_accepted(b) tokens.
-    template <class PriceOf> Choice best(PriceOf price) const {
-        const Choice c = best_rate(1, max_budget_, [&](int b) { return price(b, 1.0 + expected_accepted(b)); });
-        return c.index < 0 ? Choice{0, 0.0, Price{}} : c;
-    }
-
-    // The probe schedule: call once per step that drafts or decodes plainly; true = this step
-    // verifies a tree although the cost model prefers none (the calibration would otherwise never
-    // learn that trees got better). `tree_chosen`: the model chose a tree this step.
-    bool schedule(bool tree_chosen);
-    int probe_budget() const;  // the budget a probe verifies
+    // ... for every b = 0..max_budget
+    std::vector<double> expected_curve() const;
 
     const PathCalibration & calibration() const { return calibration_; }
     static constexpr int N_BANDS = PathCalibration::N_BANDS;
@@ -53,8 +42,6 @@ class TreeBudgetPolicy {
     int64_t n_trees_ = 0;
     std::vector<double> node_mass_;  // [i * N_BANDS + band]: running mean of node i's probability, by band
     PathCalibration calibration_;    // the lattice's selector estimates against accepted nodes
-    int idle_streak_ = 0;
-    int probe_interval_;
 };
 
 }  // namespace pdf2
