@@ -611,3 +611,26 @@ def test_lazy_head_groups_give_the_rows_one_at_a_time_give(hot_pair, llm, exact,
         check_greedy(tokens, plain_greedy(llm, _ids(llm, p), N_TOKENS), exact=exact, delta=DELTA_TINY, what=(name, p))
     assert (runs[1][1], runs[8][1]) == (1, 8)
     assert runs[8][2] > runs[1][2] > 0  # groups compute rows the verify may not read
+
+
+def test_greedy_requests_do_not_teach_sampled_ones_the_lattices_acceptance(hot_pair, llm) -> None:
+    """The lattice's chain acceptance is learned per regime too: after greedy requests (whose
+    random drafter's drafts are all rejected), a sampled request drafts exactly as on a fresh engine
+    (its regime's estimate is still the prior), while a greedy one has learned to decode plainly.
+    Costs fixed (a row a tenth of a plain step, drafting cheap) so that drafting pays at the prior
+    and only the learned acceptance changes the drafts."""
+    ids = _ids(llm, REPEATING[3])
+
+    def lattice_drafting(prime: int, temperature: float) -> tuple:
+        with Speculator(llm, str(hot_pair[1]), n_max="auto") as spec:
+            spec.set_costs([0.01 + 0.001 * b for b in range(spec.max_verify_rows)], [0.0005] * spec.max_draft)
+            for _ in range(prime):
+                spec.generate(ids, max_tokens=32)
+            out = spec.generate(ids, max_tokens=24, temperature=temperature, seed=11)
+            return tuple(out.stats["n_max_histogram"]), out.stats["lattice_drafted"], tuple(out.tokens)
+
+    sampled_fresh, sampled_primed = lattice_drafting(0, 1.0), lattice_drafting(3, 1.0)
+    assert sampled_fresh[1] > 0 and sampled_primed == sampled_fresh
+    fresh, primed = lattice_drafting(0, 0.0), lattice_drafting(3, 0.0)
+    print(f"greedy lattice drafts: fresh {fresh[1]}, after 3 greedy requests {primed[1]}")
+    assert fresh[1] > 0 and primed[1] < fresh[1]  # the greedy regime did learn

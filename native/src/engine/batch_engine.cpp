@@ -149,7 +149,7 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
     }
     const int tree_max_budget = opts.tree_auto && max_draft_ > 0 ? opts.tree_budget : 0;
     cost_model_ = CostModel(max_draft_, tree_max_budget);
-    source_kit_.lattice = LatticeKit(max_draft_, tree_max_budget);
+    source_kit_.lattice = {LatticeKit(max_draft_, tree_max_budget), LatticeKit(max_draft_, tree_max_budget)};
     target_.claim();
     batch_cap_ = target_.n_batch();
     const llama_model * model = llama_get_model(ctx_.ctx);

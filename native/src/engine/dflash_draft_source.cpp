@@ -21,7 +21,7 @@ void DFlashDraftSource::draft(const DraftRequest & req, DraftBlock & out) {
     const auto t_select = Clock::now();
     out.propose_s = std::chrono::duration<double>(t_select - t0).count() - out.graph_setup_s;
     const Lattice & lattice = drafter_.last().lattice;
-    TreeBudgetPolicy & trees = kit_.trees;
+    TreeBudgetPolicy & trees = kit_->trees;
     if (req.tree_budget > 0 && lattice.n_pos > 0) {
         draft_tree(lattice, req.tree_budget, out);  // the target's verify follows its own choice down it
     } else {
@@ -36,8 +36,8 @@ void DFlashDraftSource::draft(const DraftRequest & req, DraftBlock & out) {
 }
 
 void DFlashDraftSource::begin(const SourceStart & start) {
-    (void)start;
-    chain_ = kit_.shared;
+    kit_ = &kits_.of(start.sampled);
+    chain_ = kit_->shared;
     has_drafted_ = false;
 }
 
@@ -45,7 +45,7 @@ Offer DFlashDraftSource::offer(const OfferRequest & req) {
     (void)req;
     Offer o;
     o.chain_acceptance = chain_.acceptance();
-    if (kit_.trees.has_trees()) o.tree_accepted = kit_.trees.expected_curve();
+    if (kit_->trees.has_trees()) o.tree_accepted = kit_->trees.expected_curve();
     if (has_drafted_) o.nodes = &drafted_;
     return o;
 }
@@ -69,12 +69,12 @@ void DFlashDraftSource::accept(const Verified & v) {
         logp.push_back(node_logp(b, node));
         hit.push_back((*v.node_accepted)[static_cast<size_t>(node)]);
     }
-    if (!logp.empty()) kit_.calibration.observe(logp, hit);
+    if (!logp.empty()) kit_->calibration.observe(logp, hit);
 }
 
 void DFlashDraftSource::observe_chain(int n_drafted, int n_accepted) {
     chain_.observe(n_drafted, n_accepted);
-    kit_.shared.observe(n_drafted, n_accepted);
+    kit_->shared.observe(n_drafted, n_accepted);
 }
 
 // A verified tree of its own: the accepted path teaches the tree budget; the chain's estimate
@@ -90,7 +90,7 @@ void DFlashDraftSource::observe_tree(const DraftBlock & b, const std::vector<cha
     std::sort(path.begin(), path.end(), [&](int32_t x, int32_t y) {
         return t.depth[static_cast<size_t>(x)] < t.depth[static_cast<size_t>(y)];
     });
-    if (kit_.trees.max_budget() == 0) {
+    if (kit_->trees.max_budget() == 0) {
         observe_chain(*std::max_element(t.depth.begin(), t.depth.end()), static_cast<int>(path.size()));
         return;
     }
@@ -107,12 +107,12 @@ void DFlashDraftSource::observe_tree(const DraftBlock & b, const std::vector<cha
         ++chain;
     }
     observe_chain(chain, n_in_place);
-    kit_.trees.observe_verify(t, path);
+    kit_->trees.observe_verify(t, path);
 }
 
 void DFlashDraftSource::score(const DraftBlock & block) {
     has_drafted_ = true;
-    const PathCalibration & calibration = kit_.calibration;
+    const PathCalibration & calibration = kit_->calibration;
     if (block.is_tree) {
         drafted_ = scored_nodes(block.tree, [&](double logp) { return calibration.calibrated(logp); });
         return;
@@ -132,7 +132,7 @@ void DFlashDraftSource::score(const DraftBlock & block) {
 
 void DFlashDraftSource::draft_tree(const Lattice & lattice, int tree_budget, DraftBlock & out) {
     DraftTree & tree = out.tree;
-    TreeBudgetPolicy & trees = kit_.trees;
+    TreeBudgetPolicy & trees = kit_->trees;
     tree = build_draft_tree(lattice, std::max(tree_budget, trees.max_budget()));
     if (trees.max_budget() > 0 && lattice.n_pos == opts_.max_draft) {
         trees.observe_tree(tree);  // what every budget would verify (a smaller one: a prefix)

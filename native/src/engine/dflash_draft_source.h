@@ -36,7 +36,7 @@ struct DFlashSourceOptions {
     int max_draft = 0;             // the engine's block: only full blocks teach the tree budget
 };
 
-// What the lattice learns across the engine's slots.
+// What the lattice learns across the engine's slots (per regime: draft_source.h's ByRegime).
 struct LatticeKit {
     explicit LatticeKit(int max_draft = 0, int tree_max_budget = 0) : shared(max_draft), trees(tree_max_budget) {}
     DraftLengthPolicy shared;     // its chains' acceptance over all requests (a new request starts from it)
@@ -46,9 +46,9 @@ struct LatticeKit {
 
 class DFlashDraftSource final : public DraftSource {
   public:
-    DFlashDraftSource(Drafter & drafter, DrafterFeed & feed, LatticeKit & kit, const llama_vocab * vocab,
+    DFlashDraftSource(Drafter & drafter, DrafterFeed & feed, ByRegime<LatticeKit> & kits, const llama_vocab * vocab,
                       const DFlashSourceOptions & opts)
-        : drafter_(drafter), feed_(feed), kit_(kit), vocab_(vocab), opts_(opts), chain_(opts.max_draft) {}
+        : drafter_(drafter), feed_(feed), kits_(kits), vocab_(vocab), opts_(opts), chain_(opts.max_draft) {}
     const char * name() const override { return "lattice"; }
 
     // a new request starts from the acceptance seen over all requests, not from the optimistic
@@ -74,7 +74,8 @@ class DFlashDraftSource final : public DraftSource {
 
     Drafter & drafter_;
     DrafterFeed & feed_;
-    LatticeKit & kit_;
+    ByRegime<LatticeKit> & kits_;
+    LatticeKit * kit_ = &kits_.greedy;  // the request's regime's
     const llama_vocab * vocab_;
     DFlashSourceOptions opts_;
     DraftLengthPolicy chain_;  // this slot's chain acceptance per block position

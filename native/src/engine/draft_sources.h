@@ -20,8 +20,8 @@ namespace pdf2 {
 // What a kind of source learns across the engine's slots (each source gets the engine's kit).
 struct SourceKit {
     ByRegime<MatchAcceptance> context_acceptance;  // the context's acceptance by match length
-    ContextCaches context_caches;        // past outputs per API key (ContextDrafts::Global)
-    LatticeKit lattice;                  // the drafter's chains and trees (the engine's setup sizes it)
+    ContextCaches context_caches;                  // past outputs per API key (ContextDrafts::Global)
+    ByRegime<LatticeKit> lattice;                  // the drafter's chains and trees (the engine's setup sizes it)
 };
 
 // A source by its registered name ("context", "repeat"); throws for an unknown name.
