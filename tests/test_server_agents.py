@@ -392,7 +392,11 @@ def test_the_three_apis_give_the_same_greedy_tokens(claude: anthropic.Anthropic,
 def test_max_tokens_past_the_context_is_capped(claude: anthropic.Anthropic, oai: openai.OpenAI,
                                                server: ServerProcess) -> None:
     """Claude Code asks for max_tokens 32000 whatever the context: as llama-server, the answer runs to the end of
-    the context and ends as cut off (length / max_tokens / incomplete), and the access line states the cap."""
+    the context, and the access line states the cap. It ends as each API ends an answer at the context window:
+    chat `length` (llama-server), Messages `model_context_window_exceeded` (Anthropic's; Claude Code stops
+    there instead of resending the turn), Responses `failed` with `context_length_exceeded` (OpenAI's code,
+    which Codex reads as a full context: an `incomplete` response it resends as a broken stream, issue 58
+    item 8). The client's own smaller limit still ends as `max_tokens` / `incomplete`."""
     def user(k: int) -> list[dict]:
         return [{"role": "user", "content": "tell me " * k}]
 
@@ -404,17 +408,30 @@ def test_max_tokens_past_the_context_is_capped(claude: anthropic.Anthropic, oai:
     msg = claude.messages.with_raw_response.create(model="x", max_tokens=32000, **GREEDY, messages=long,
                                                    extra_headers={"X-Request-Id": "cap-messages"})
     m = msg.parse()
-    assert m.stop_reason == "max_tokens" and m.usage.output_tokens == left, m
+    assert m.stop_reason == "model_context_window_exceeded" and m.usage.output_tokens == left, m
     with claude.messages.stream(model="x", max_tokens=32000, **GREEDY, messages=long) as s:
-        assert s.get_final_message().content[0].text == m.content[0].text
+        final = s.get_final_message()
+        assert final.content[0].text == m.content[0].text and final.stop_reason == m.stop_reason
+    own = claude.messages.create(model="x", max_tokens=left - 1, **GREEDY, messages=long)
+    assert own.stop_reason == "max_tokens" and own.usage.output_tokens == left - 1
     chat = oai.chat.completions.create(model="x", max_tokens=32000, temperature=0, messages=long)
     assert chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == left
     assert chat.choices[0].message.content == m.content[0].text
-    resp = oai.responses.create(model="x", max_output_tokens=32000, temperature=0, input=long[0]["content"])
-    assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
-    assert resp.usage.output_tokens == left
+    for limit in ({"max_output_tokens": 32000}, {}):  # Codex sends none
+        resp = oai.responses.create(model="x", temperature=0, input=long[0]["content"], **limit)
+        assert resp.status == "failed" and resp.error.code == "context_length_exceeded", resp
+        assert resp.incomplete_details is None and resp.usage.output_tokens == left
+        assert resp.output[0].status == "incomplete" and resp.output_text == m.content[0].text
+        with oai.responses.stream(model="x", temperature=0, input=long[0]["content"], **limit) as st:
+            events = list(st)
+        kinds = [e.type for e in events]
+        assert kinds[-1] == "response.failed" and "response.incomplete" not in kinds, kinds
+        assert events[-1].response.error.code == "context_length_exceeded"
+        assert events[-1].response.output[0].content[0].text == m.content[0].text
+    resp = oai.responses.create(model="x", max_output_tokens=left - 1, temperature=0, input=long[0]["content"])
+    assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens" and not resp.error
     line = next(x for x in server.log().splitlines() if "rid=cap-messages" in x)
-    assert f"max_tokens=32000->{left}" in line and "finish=length" in line, line
+    assert f"max_tokens=32000->{left}" in line and "finish=length(context)" in line, line
 
 
 def test_messages_take_system_turns_inside_messages(claude: anthropic.Anthropic) -> None:
@@ -478,32 +495,23 @@ def test_responses_namespace_tools_and_hosted_tools(oai: openai.OpenAI, server: 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}, "required": ["city"]}
 
 
-@pytest.fixture(scope="module")
-def generic_server(workdir: Path):
-    target = testing.make_target_gguf(workdir / "plain-target.gguf",
-                                      testing.TargetSpec(hot_tokens=(testing.FIRST_MERGED_ID,)))
-    s = ServerProcess(["--model", str(target), "--draft", "none", "--n-ctx", "1024"], workdir)
-    yield s
-    s.stop()
-
-
 @needs_grammar
-def test_generic_format_call_cut_by_max_tokens_keeps_its_call(generic_server: ServerProcess) -> None:
+def test_generic_format_call_cut_by_max_tokens_keeps_its_call(plain_server: ServerProcess) -> None:
     """A generic-format call cut off by max_tokens with its name written: a tool_use / tool call / function_call
     whose input is what its arguments hold so far, not an empty text block."""
-    url = generic_server.url
+    url = plain_server.url
     claude = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=120)
     oai = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
     tool = {"name": "w", "description": "weather", "input_schema": CITY}
     body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 100, "temperature": 0,
             "tools": [{"type": "function", "function": {"name": "w", "parameters": CITY}}], "tool_choice": "required",
             "return_token_ids": True}
-    whole = post(generic_server, "/v1/chat/completions", body).json()["choices"][0]
+    whole = post(plain_server, "/v1/chat/completions", body).json()["choices"][0]
     tokens = whole["token_ids"]
     # the shortest prefix whose text is inside the city's string
     inside = re.compile(r'"name"\s*:\s*"w"\s*,\s*"arguments"\s*:\s*\{\s*"city"\s*:\s*"[^"]')
     cut = next(n for n in range(1, len(tokens)) if inside.search(
-        post(generic_server, "/detokenize", {"tokens": tokens[:n]}).json()["content"]))
+        post(plain_server, "/detokenize", {"tokens": tokens[:n]}).json()["content"]))
     kw = {"model": "x", "max_tokens": cut, **GREEDY, "tools": [tool], "tool_choice": {"type": "any"},
           "messages": [{"role": "user", "content": QUESTION}]}
     msg = claude.messages.create(**kw)
@@ -514,17 +522,17 @@ def test_generic_format_call_cut_by_max_tokens_keeps_its_call(generic_server: Se
     with claude.messages.stream(**kw) as s:
         final = s.get_final_message()
     assert [b.type for b in final.content] == ["tool_use"] and final.content[0].input == {"city": city}
-    chat = post(generic_server, "/v1/chat/completions", {**body, "max_tokens": cut}).json()["choices"][0]
+    chat = post(plain_server, "/v1/chat/completions", {**body, "max_tokens": cut}).json()["choices"][0]
     assert chat["finish_reason"] == "length" and chat["message"]["tool_calls"][0]["function"]["name"] == "w"
     resp = oai.responses.create(model="x", input=QUESTION, max_output_tokens=cut, temperature=0, tool_choice="required",
                                 tools=[{"type": "function", "name": "w", "parameters": CITY}])
     assert resp.status == "incomplete" and [o.type for o in resp.output] == ["function_call"]
 
 
-def test_generic_format_response_streams(generic_server: ServerProcess) -> None:
+def test_generic_format_response_streams(plain_server: ServerProcess) -> None:
     """With tools offered on a template without a tool format, the answer's text streams as it is decoded
     (the response's JSON string, unescaped), on chat completions, Messages and Responses alike."""
-    url = generic_server.url
+    url = plain_server.url
     claude = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=120)
     oai = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
     chat_tool = CHAT_TOOL  # the same tool as ANTHROPIC_TOOL and RESPONSES_TOOL: the same prompt
@@ -562,7 +570,7 @@ def test_generic_response_string_decodes_across_pieces() -> None:
 
 
 @needs_grammar
-def test_generic_format_auto_constrains_the_shape_not_the_arguments(generic_server: ServerProcess) -> None:
+def test_generic_format_auto_constrains_the_shape_not_the_arguments(plain_server: ServerProcess) -> None:
     """Claude Code offers dozens of tools, one with a string of maxLength 524288 (megabytes of grammar, past
     --max-grammar-bytes): with tool_choice auto the generic grammar holds the answer's shape and the tools'
     names, the arguments any object (read as written, as auto calls in the other formats); a required call
@@ -570,25 +578,25 @@ def test_generic_format_auto_constrains_the_shape_not_the_arguments(generic_serv
     script = {"type": "object", "properties": {"script": {"type": "string", "maxLength": 524288}}}
     offered = [CHAT_TOOL, {"type": "function", "function": {"name": "Workflow", "parameters": script}}]
     body = {"messages": [{"role": "user", "content": QUESTION}], "tools": offered, "max_tokens": 8, "temperature": 0}
-    r = post(generic_server, "/v1/chat/completions", body)
+    r = post(plain_server, "/v1/chat/completions", body)
     assert r.status_code == 200, r.text
-    r = post(generic_server, "/v1/chat/completions", {**body, "tool_choice": "required"})
+    r = post(plain_server, "/v1/chat/completions", {**body, "tool_choice": "required"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
 
 
-def test_tool_choice_none_after_calls_asks_for_text(generic_server: ServerProcess) -> None:
+def test_tool_choice_none_after_calls_asks_for_text(plain_server: ServerProcess) -> None:
     """tool_choice none after a tool result: the system turn no longer asks for JSON (nor lists tools)."""
     call = {"id": "call_1", "type": "function", "function": {"name": "w", "arguments": '{"u": "C"}'}}
     history = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": None, "tool_calls": [call]},
                {"role": "tool", "tool_call_id": "call_1", "content": RESULT}]
     tool = {"type": "function", "function": {"name": "w", "parameters": PARAMS}}
-    prompt = post(generic_server, "/apply-template", {"messages": history, "tools": [tool],
+    prompt = post(plain_server, "/apply-template", {"messages": history, "tools": [tool],
                                                       "tool_choice": "none"}).json()["prompt"]
     system = prompt.split("<|im_end|>")[0]
     assert "JSON" not in system and "You can call" not in system and tools.PLAIN_INSTRUCTION in system, prompt
-    auto = post(generic_server, "/apply-template", {"messages": history, "tools": [tool]}).json()["prompt"]
+    auto = post(plain_server, "/apply-template", {"messages": history, "tools": [tool]}).json()["prompt"]
     assert tools.GENERIC_INSTRUCTION in auto  # offered: described, and the answer's JSON asked for
-    claude = anthropic.Anthropic(base_url=generic_server.url, api_key="none", max_retries=0, timeout=120)
+    claude = anthropic.Anthropic(base_url=plain_server.url, api_key="none", max_retries=0, timeout=120)
     msg = claude.messages.create(model="x", max_tokens=8, **GREEDY, tools=[ANTHROPIC_TOOL],
                                  tool_choice={"type": "none"}, messages=[
                                      {"role": "user", "content": QUESTION},
@@ -608,17 +616,6 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
           "required": ["name", "age"], "additionalProperties": False}
 WEATHER_INPUT = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
                                                   "unit": {"enum": ["C", "F"]}}, "required": ["city", "unit"]}
-
-
-@pytest.fixture(scope="module")
-def smollm2_server(workdir: Path):
-    try:
-        target = testing.default_target()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    s = ServerProcess(["--model", str(target), "--parallel", "1", "--n-ctx", "2048", "--threads", "1"], workdir)
-    yield s
-    s.stop()
 
 
 @needs_grammar

@@ -545,17 +545,6 @@ def test_logprobs_shapes(client: openai.OpenAI) -> None:
 # ---------------------------------------------------------------- SmolLM2
 
 
-@pytest.fixture(scope="module")
-def smollm2_server(workdir: Path):
-    try:
-        target = testing.default_target()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    s = ServerProcess(["--model", str(target), "--parallel", "1", "--n-ctx", "2048", "--threads", "1"], workdir)
-    yield s
-    s.stop()
-
-
 def test_smollm2_tools_go_through_the_generic_format(smollm2_server: ServerProcess) -> None:
     # SmolLM2's template does not describe tools: llama.cpp's generic format (tests/test_server_compat.py)
     r = post(smollm2_server, "/v1/chat/completions", {"messages": USER, "tools": [WEATHER], "max_tokens": 2})

@@ -273,16 +273,6 @@ def test_the_issue_answers_split_cleanly() -> None:
 # ---------------------------------------------------------------- tools on a template without a tool format
 
 
-@pytest.fixture(scope="module")
-def plain_server(workdir: Path):
-    """A target whose chat template knows nothing of tools (as SmolLM2's, the default model's)."""
-    target = testing.make_target_gguf(workdir / "plain-target.gguf",
-                                      testing.TargetSpec(hot_tokens=(testing.FIRST_MERGED_ID,)))
-    s = ServerProcess(["--model", str(target), "--draft", "none", "--n-ctx", "2048"], workdir)
-    yield s
-    s.stop()
-
-
 def test_generic_format_prompt_and_history(plain_server: ServerProcess) -> None:
     # the tools and the answer's form in the system turn; earlier calls and results as JSON
     call = {"id": "call_1", "type": "function", "function": {"name": "w", "arguments": '{"u": "C"}'}}

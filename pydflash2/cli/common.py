@@ -79,6 +79,18 @@ def context_drafts_help(default: str) -> str:
             "trees need flash attention, which exact mode turns off over 512 KV cells)")
 
 
+def add_drafting_args(p: argparse.ArgumentParser, context_default: str) -> None:
+    """How a run drafts (generate, serve): --n-max, --tree-budget, --context-drafts (default
+    `context_default`, see context_drafts_choice) and --selector."""
+    p.add_argument("--n-max", type=parse_n_max, default="auto",
+                   help="drafts per block: auto (default) or N (0 = plain)")
+    p.add_argument("--tree-budget", type=parse_tree_budget, default=0, metavar="N", help=TREE_BUDGET_HELP)
+    p.add_argument("--context-drafts", type=parse_context_drafts, default=None, metavar="MODE",
+                   help=context_drafts_help(context_default))
+    p.add_argument("--selector", choices=["auto", "greedy", "sample", "viterbi"], default="auto",
+                   help="the path selector through the DFlash2 lattice (auto: greedy at T=0, sampled otherwise)")
+
+
 def context_drafts_choice(args: argparse.Namespace, default: str) -> str:
     """--context-drafts as given, else the default (off in exact mode: see context_drafts_help)."""
     if args.context_drafts is not None:

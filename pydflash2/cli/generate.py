@@ -7,19 +7,15 @@ import json
 import sys
 
 from .common import (
-    TREE_BUDGET_HELP,
     CliError,
+    add_drafting_args,
     add_exact_arg,
     add_flash_attn_arg,
     add_model_args,
     check_kv_memory,
     check_run_args,
     context_drafts_choice,
-    context_drafts_help,
     flash_attn_choice,
-    parse_context_drafts,
-    parse_n_max,
-    parse_tree_budget,
     resolve_draft,
     sampling_arg,
     setup_devices,
@@ -47,13 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=sampling_arg("seed"), default=None,
                    help="any integer in -2**63..2**64-1, taken modulo 2**64 (default: a random seed)")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    p.add_argument("--n-max", type=parse_n_max, default="auto",
-                   help="drafts per block: auto (default) or N (0 = plain)")
-    p.add_argument("--tree-budget", type=parse_tree_budget, default=0, metavar="N", help=TREE_BUDGET_HELP)
-    p.add_argument("--context-drafts", type=parse_context_drafts, default=None, metavar="MODE",
-                   help=context_drafts_help("request"))
-    p.add_argument("--selector", choices=["auto", "greedy", "sample", "viterbi"], default="auto",
-                   help="the path selector through the DFlash2 lattice (auto: greedy at T=0, sampled otherwise)")
+    add_drafting_args(p, "request")
     p.add_argument("--raw", action="store_true",
                    help="no chat template: tokenize the prompt as is (BOS added, special tokens parsed)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")

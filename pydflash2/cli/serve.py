@@ -11,25 +11,8 @@ from dataclasses import fields
 from typing import TYPE_CHECKING
 
 from ..grammar_limits import DEFAULT_LIMITS, LIMIT_CAPS, GrammarLimits, option_name
-from .common import (
-    TREE_BUDGET_HELP,
-    CliError,
-    Parser,
-    add_exact_arg,
-    add_flash_attn_arg,
-    add_model_args,
-    check_kv_memory,
-    check_run_args,
-    context_drafts_choice,
-    context_drafts_help,
-    flash_attn_choice,
-    parse_context_drafts,
-    parse_n_max,
-    parse_tree_budget,
-    resolve_draft,
-    sampling_arg,
-    setup_devices,
-)
+from . import common
+from .common import CliError, Parser
 
 if TYPE_CHECKING:
     from ..server.scheduler import SchedulerHooks
@@ -38,20 +21,14 @@ NAME = "serve"
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    add_model_args(p)
+    common.add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--parallel", type=int, default=1,
                    help="slots: requests decoded together, each its own sequence (default 1); --n-ctx is per slot")
-    p.add_argument("--n-max", type=parse_n_max, default="auto",
-                   help="drafts per block: auto (default) or N (0 = plain)")
-    p.add_argument("--tree-budget", type=parse_tree_budget, default=0, metavar="N", help=TREE_BUDGET_HELP)
-    p.add_argument("--context-drafts", type=parse_context_drafts, default=None, metavar="MODE",
-                   help=context_drafts_help("global"))
-    p.add_argument("--selector", choices=["auto", "greedy", "sample", "viterbi"], default="auto",
-                   help="the path selector through the DFlash2 lattice (auto: greedy at T=0, sampled otherwise)")
-    add_exact_arg(p, what=" whatever else is in the batch")
-    add_flash_attn_arg(p)
+    common.add_drafting_args(p, "global")
+    common.add_exact_arg(p, what=" whatever else is in the batch")
+    common.add_flash_attn_arg(p)
     p.add_argument("--api-key", action="append", default=[],
                    help="require Authorization: Bearer KEY (all but /health); repeat it or separate keys with "
                         "commas for several (visible in `ps`: prefer --api-key-file or PYDFLASH2_API_KEY)")
@@ -61,11 +38,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-a", "--alias", "--model-alias", dest="model_alias", default=None,
                    help="model id /v1/models lists (default: the GGUF file name stem); requests may name any model")
     g = p.add_argument_group("sampling defaults", "what a request that leaves the field out gets (llama-server's)")
-    g.add_argument("--temp", "--temperature", dest="temperature", type=sampling_arg("temperature"), default=0.8,
+    g.add_argument("--temp", "--temperature", dest="temperature", type=common.sampling_arg("temperature"), default=0.8,
                    help="temperature (default 0.8; 0 = greedy)")
-    g.add_argument("--top-k", type=sampling_arg("top_k"), default=40, help="top-k (default 40; 0 = off)")
-    g.add_argument("--top-p", type=sampling_arg("top_p"), default=0.95, help="top-p (default 0.95; 1 = off)")
-    g.add_argument("--min-p", type=sampling_arg("min_p"), default=0.05, help="min-p (default 0.05; 0 = off)")
+    g.add_argument("--top-k", type=common.sampling_arg("top_k"), default=40, help="top-k (default 40; 0 = off)")
+    g.add_argument("--top-p", type=common.sampling_arg("top_p"), default=0.95, help="top-p (default 0.95; 1 = off)")
+    g.add_argument("--min-p", type=common.sampling_arg("min_p"), default=0.05, help="min-p (default 0.05; 0 = off)")
     p.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (default 1 MiB)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="info (default) logs one access line per request")
@@ -123,7 +100,7 @@ def run(args: argparse.Namespace, hooks: SchedulerHooks | None = None) -> int:
         raise CliError(f"--max-queue must be >= 0, got {args.max_queue}")
     if not 0 < args.port < 65536:
         raise CliError(f"--port must be in 1..65535, got {args.port}")
-    check_run_args(args)
+    common.check_run_args(args)
     for name in ("timeout", "queue_timeout", "body_timeout", "stall_timeout", "shutdown_timeout",
                  "keep_alive_timeout"):
         if not (math.isfinite(getattr(args, name)) and getattr(args, name) >= 0):
@@ -142,7 +119,7 @@ def run(args: argparse.Namespace, hooks: SchedulerHooks | None = None) -> int:
     cors = CorsOptions(split_list(args.cors_origins), split_list(args.cors_methods), split_list(args.cors_headers))
     if cors.origins and not (cors.methods and cors.headers):
         raise CliError("--cors-methods and --cors-headers must name at least one item (or '*') when CORS is on")
-    setup_devices(args)
+    common.setup_devices(args)
     from ..server.app import SamplingDefaults
     from ..server.auth import load_keys
     from ..server.main import ServerOptions, serve
@@ -152,8 +129,8 @@ def run(args: argparse.Namespace, hooks: SchedulerHooks | None = None) -> int:
     except OSError as e:
         raise CliError(f"--api-key-file: {e}") from None
 
-    draft = resolve_draft(args)  # the shipped drafter for the default model when --draft is omitted
-    check_kv_memory(args.model, draft, args.parallel, args.n_ctx, args.n_gpu_layers)
+    draft = common.resolve_draft(args)  # the shipped drafter for the default model when --draft is omitted
+    common.check_kv_memory(args.model, draft, args.parallel, args.n_ctx, args.n_gpu_layers)
     try:
         return serve(ServerOptions(
             model=args.model, draft=draft, host=args.host, port=args.port, n_ctx=args.n_ctx,
@@ -161,7 +138,7 @@ def run(args: argparse.Namespace, hooks: SchedulerHooks | None = None) -> int:
             context_drafts=_context_drafts(args),
             selector=args.selector,
             threads=args.threads, device=args.device, n_gpu_layers=args.n_gpu_layers,
-            exact=args.exact, flash_attn=flash_attn_choice(args.flash_attn), api_keys=api_keys,
+            exact=args.exact, flash_attn=common.flash_attn_choice(args.flash_attn), api_keys=api_keys,
             max_queue=args.max_queue, model_alias=args.model_alias, max_body=args.max_body,
             log_level=args.log_level,
             defaults=SamplingDefaults(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -186,7 +163,7 @@ def _context_drafts(args: argparse.Namespace) -> str:
 
         if args.parallel * (1 + limits().max_branches) > llama_cpp.llama_max_parallel_sequences():
             return "off"
-    return context_drafts_choice(args, "global")
+    return common.context_drafts_choice(args, "global")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

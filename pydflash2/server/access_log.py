@@ -8,8 +8,9 @@ response ends, one line at INFO on the "pydflash2.access" logger:
 
     rid=... POST /v1/completions 200 prompt=12 completion=16 tau=2.29 finish=length 1.234s
 
-and, where they apply, `max_tokens=32000->1012` (max_tokens capped to the context left after the
-prompt) and `ignored_tools=web_search,...` (hosted tools left out of the prompt).
+`finish=length(context)` where the answer reached the end of the context, and, where they apply,
+`max_tokens=32000->1012` (max_tokens capped to the context left after the prompt) and
+`ignored_tools=web_search,...` (hosted tools left out of the prompt).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class AccessLog:
         if outcome is not None:
             tau = "-" if outcome.tau is None else f"{outcome.tau:.2f}"
             parts += [f"prompt={outcome.prompt_tokens}", f"completion={outcome.completion_tokens}", f"tau={tau}",
-                      f"finish={outcome.finish_reason}"]
+                      f"finish={outcome.finish_reason}" + ("(context)" if outcome.context_full else "")]
         elif gen is not None:
             parts += [f"prompt={len(gen.prompt_tokens)}", "completion=0"]
         asked = getattr(gen, "max_tokens_asked", None)

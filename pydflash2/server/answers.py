@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,26 @@ def error_events(event: Finished) -> list[dict[str, str]]:
 
 
 Event = str | Logprobs | Finished
+
+
+async def _ended_by_errors(stream: Callable[[AsyncIterator[Event]], AsyncIterator[dict[str, str]]],
+                           events: AsyncIterator[Event]) -> AsyncIterator[dict[str, str]]:
+    """An OpenAI stream: `stream`'s chunks of `events` up to an error the scheduler ends them with (`stream`
+    sees its events end there), then error_events. Closing it closes both."""
+    failed: list[Finished] = []
+
+    async def before_error() -> AsyncIterator[Event]:
+        async for event in events:
+            if isinstance(event, Finished) and event.finish_reason == "error":
+                failed.append(event)
+                return
+            yield event
+
+    async with aclosing(before_error()) as ok, aclosing(stream(ok)) as chunks:
+        async for c in chunks:
+            yield c
+    for c in error_events(failed[0]) if failed else []:
+        yield c
 
 
 def split(plan: ToolPlan | None, text: str) -> tuple[str, list[tools.ToolCall]]:
@@ -171,14 +192,16 @@ class Answer:
             chunk["usage"] = None
         return chunk
 
-    async def stream_completion(self, events: AsyncIterator[Event]) -> AsyncIterator[dict[str, str]]:
+    def stream_completion(self, events: AsyncIterator[Event]) -> AsyncIterator[dict[str, str]]:
+        return _ended_by_errors(self._completion_chunks, events)
+
+    def stream_chat(self, events: AsyncIterator[Event]) -> AsyncIterator[dict[str, str]]:
+        return _ended_by_errors(self._chat_chunks, events)
+
+    async def _completion_chunks(self, events: AsyncIterator[Event]) -> AsyncIterator[dict[str, str]]:
         offset = 0
         async for event in events:
             if isinstance(event, Finished):
-                if event.finish_reason == "error":
-                    for c in error_events(event):
-                        yield c
-                    return
                 last = self._no_usage(self._completion("", event.finish_reason, None, chunk=True))
                 for c in self._closing(last, event):
                     yield c
@@ -194,7 +217,7 @@ class Answer:
             else:
                 yield sse(self._no_usage(self._completion(event, None, None, chunk=True)))
 
-    async def stream_chat(self, events: AsyncIterator[Event]) -> AsyncIterator[dict[str, str]]:
+    async def _chat_chunks(self, events: AsyncIterator[Event]) -> AsyncIterator[dict[str, str]]:
         plan = self.steer.tool_plan
         splitter = tools.ToolCallStream(plan.fmt, set(plan.names), plan.parallel) if plan else None
         n_calls = 0
@@ -225,10 +248,6 @@ class Answer:
         yield sse(chunk({"role": "assistant", "content": ""}))
         async for event in events:
             if isinstance(event, Finished):
-                if event.finish_reason == "error":
-                    for c in error_events(event):
-                        yield c
-                    return
                 for c in deltas(splitter.finish() if splitter else []):
                     yield sse(c)
                 reason = "tool_calls" if n_calls and event.finish_reason == "stop" else event.finish_reason

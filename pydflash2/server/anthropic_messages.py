@@ -314,8 +314,8 @@ def new_id(prefix: str) -> str:
 
 
 def stop_reason(done: Finished, has_calls: bool) -> str:
-    if done.finish_reason == "length":
-        return "max_tokens"
+    if done.finish_reason == "length":  # the context's end: as Anthropic's API stops at the context window
+        return "model_context_window_exceeded" if done.context_full else "max_tokens"
     if has_calls:
         return "tool_use"
     return "stop_sequence" if done.stop_sequence is not None else "end_turn"

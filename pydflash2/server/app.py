@@ -405,6 +405,7 @@ async def _submit(scheduler: Scheduler, request: Request, body: schemas._Samplin
                           top_k=pick(body.top_k, d.top_k), min_p=pick(body.min_p, d.min_p), seed=seed),
         max_tokens=max_tokens, stop=body.stop_list(), loop=asyncio.get_running_loop(),
         engine_options=steer.engine_options, max_tokens_asked=asked,
+        max_tokens_is_context=max_tokens == left and (asked is not None or body.max_tokens is None),
     )
     arrival = _arrival(request)
     req.t_arrival = arrival

@@ -23,7 +23,7 @@ from typing import Any
 
 import llama_cpp
 
-from .. import exactness
+from .. import exactness, utf8_pieces
 from .._engine import EngineConfig, NativeEngine, PreparedSampling, exact_config
 from ..cpu_threads import default_threads
 from ..drafter import Drafter
@@ -90,6 +90,7 @@ class BatchEngine:
         if draft is not None and not Path(draft).is_file():
             raise FileNotFoundError(f"drafter not found: {draft}")
         kv_cells = n_ctx * (n_slots if config.trees else 1)  # a tree's unified cache: every slot's cells
+        self._unsafe: list[int] | None = None  # _grammar_unsafe, read at the first grammar
         if exact:  # before anything loads, as Speculator(exact=True)
             build = exactness.build_invariance()
             if not build:
@@ -206,8 +207,15 @@ class BatchEngine:
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, max_tokens=max_tokens,
             grammar=grammar, logit_bias=logit_bias, presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-            logprobs=logprobs)
+            logprobs=logprobs, grammar_unsafe=self._grammar_unsafe() if grammar else ())
         return PreparedSampling(self.llm._model.model, self.n_ctx, sampling)
+
+    def _grammar_unsafe(self) -> list[int]:
+        """The tokens a grammar must not draw (pydflash2.utf8_pieces), read once (any thread: the
+        list is the same whoever reads it first)."""
+        if self._unsafe is None:
+            self._unsafe = utf8_pieces.model_unsafe_tokens(self.llm._model.model)
+        return self._unsafe
 
     def start(self, slot: int, tokens: Sequence[int], prepared: PreparedSampling | None = None, *,
               context_key: str = "", **options: Any) -> None:

@@ -390,6 +390,24 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: st
     return item if namespace is None else {**item, "namespace": namespace}
 
 
+def _item_status(status: str) -> str:
+    """A message item's status in a response of `status` (a failed response's text is cut off)."""
+    return "incomplete" if status == "failed" else status
+
+
+def context_error(done: Finished | None) -> dict[str, str] | None:
+    """A failed response's error: the answer reached the end of the context (OpenAI's code for a conversation
+    past the model's context window, which Codex reads as such and does not resend, where it resends an
+    incomplete response as a broken stream)."""
+    if done is None:
+        return None
+    return {"code": "context_length_exceeded",
+            "message": f"the answer reached the end of the context ({done.prompt_tokens} prompt tokens and "
+                       f"{done.completion_tokens} generated fill the {done.prompt_tokens + done.completion_tokens} "
+                       "tokens of a request's context): start the conversation again shorter, or serve with a "
+                       "larger --n-ctx"}
+
+
 @dataclass
 class ResponseAnswer:
     """One request's answer as a Responses API response, whole or streamed."""
@@ -406,7 +424,7 @@ class ResponseAnswer:
         choice = b.tool_choice
         out: dict[str, Any] = {
             "id": self.rid, "object": "response", "created_at": self.created, "status": status,
-            "model": self.model, "output": output, "error": None,
+            "model": self.model, "output": output, "error": context_error(done) if status == "failed" else None,
             "incomplete_details": ({"reason": "max_output_tokens"} if status == "incomplete" else None),
             "instructions": b.instructions, "metadata": b.metadata or {},
             "parallel_tool_calls": b.parallel_tool_calls,
@@ -423,13 +441,15 @@ class ResponseAnswer:
 
     @staticmethod
     def _status(done: Finished) -> str:
-        return "incomplete" if done.finish_reason == "length" else "completed"
+        if done.finish_reason == "length":
+            return "failed" if done.context_full else "incomplete"
+        return "completed"
 
     def whole(self, done: Finished) -> dict[str, Any]:
         text, calls = answers.split(self.plan, done.text)
         output: list[dict[str, Any]] = []
         if text or not calls:
-            output.append(_message_item(new_id("msg"), text, self._status(done)))
+            output.append(_message_item(new_id("msg"), text, _item_status(self._status(done))))
         spaces = self.body.namespaces()
         output += [_call_item(new_id("fc"), tools.new_call_id(), c.name, c.arguments, "completed", spaces.get(c.name))
                    for c in calls]
@@ -503,9 +523,9 @@ class ResponseAnswer:
                     yield ev("response.failed", response=failed)
                     return
                 status = self._status(x)
-                out += close(status if open_item is not None and open_item["type"] == "message" else "completed")
-                kind = "response.incomplete" if status == "incomplete" else "response.completed"
-                out.append(ev(kind, response=self.response(status, output, x)))
+                out += close(_item_status(status) if open_item is not None and open_item["type"] == "message"
+                             else "completed")
+                out.append(ev(f"response.{status}", response=self.response(status, output, x)))
             elif isinstance(x, answers.BlockStart):
                 out += begin(_message_item(new_id("msg"), "", "in_progress") if x.name is None else
                              _call_item(new_id("fc"), tools.new_call_id(), x.name, "", "in_progress",

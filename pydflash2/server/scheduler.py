@@ -57,6 +57,9 @@ class Finished:
     status: int = 500  # with finish_reason "error": the HTTP status it stands for
     tau: float | None = None  # tokens committed per target step once generating (None: none committed)
     stop_sequence: str | None = None  # with finish_reason "stop": the stop string that ended it (None: end of turn)
+    # with finish_reason "length": cut where the context ends, not by the client's own limit (max_tokens absent,
+    # or more than the context left): Responses' context_length_exceeded, Messages' model_context_window_exceeded
+    context_full: bool = False
 
 
 @dataclass
@@ -90,6 +93,8 @@ class GenerationRequest:
     outcome: Finished | None = None  # its last event, once sent (the access log reads it)
     # max_tokens as asked, where more than the context left after the prompt (max_tokens is then capped there)
     max_tokens_asked: int | None = None
+    # max_tokens is where the context ends (the client gave none, or more than the context left)
+    max_tokens_is_context: bool = False
 
     def emit(self, event: str | Logprobs | Finished) -> None:
         """From the scheduler thread."""
@@ -412,7 +417,7 @@ class Scheduler:
             if a is None:
                 continue
             if committed is None:  # the slot's context is full
-                self._finish(slot, "length")
+                self._finish(slot, "length", context_full=True)
                 continue
             if committed:
                 a.clock.commit(len(committed), now)  # the first commit ends the prefill, each later one a verify step
@@ -458,7 +463,8 @@ class Scheduler:
                 return "length"
         return None
 
-    def _finish(self, slot: int, reason: str, error: str | None = None, status: int = 500) -> None:
+    def _finish(self, slot: int, reason: str, error: str | None = None, status: int = 500,
+                context_full: bool = False) -> None:
         a = self._active.pop(slot)
         self._held[slot] = len(a.req.prompt_tokens) + len(a.tokens)
         try:
@@ -467,6 +473,7 @@ class Scheduler:
             log.exception("stopping slot %d", slot)
         req = a.req
         n = len(a.tokens)
+        context_full = reason == "length" and (context_full or req.max_tokens_is_context and n >= req.max_tokens)
         if reason in ("stop", "length"):
             tail = a.text.finish()
             if tail:
@@ -486,7 +493,7 @@ class Scheduler:
                           timings=timings(a.clock, time.perf_counter(), n, self._slot_stats(slot),
                                           self._engine_stats.get("ledger")),
                           logprobs=a.logprobs if "logprobs" in req.engine_options else None,
-                          status=status, tau=a.tau, stop_sequence=a.text.matched))
+                          status=status, tau=a.tau, stop_sequence=a.text.matched, context_full=context_full))
 
     def _slot_stats(self, slot: int) -> dict[str, Any] | None:
         """The engine's own counters of the slot's last request, where it keeps them."""

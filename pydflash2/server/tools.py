@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,22 +65,17 @@ class ToolCallFormat:
                 items = [json.loads(section.removeprefix("<|python_tag|>"))]
         except ValueError:
             return None
-        if not isinstance(items, list) or not items:
-            return None
-        calls = []
-        for item in items:
-            if not isinstance(item, dict) or item.get("name") not in tools:
+        return _calls(items, tools, self._arguments)
+
+    def _arguments(self, item: dict[str, Any]) -> str | None:
+        """A call's arguments as compact JSON text; None where they are not an object."""
+        args = item.get(self.arguments_key, item.get("arguments", {}))
+        if isinstance(args, str):  # some models send a JSON string
+            try:
+                args = json.loads(args)
+            except ValueError:
                 return None
-            args = item.get(self.arguments_key, item.get("arguments", {}))
-            if isinstance(args, str):  # some models send a JSON string
-                try:
-                    args = json.loads(args)
-                except ValueError:
-                    return None
-            if not isinstance(args, dict):
-                return None
-            calls.append(ToolCall(item["name"], json.dumps(args, ensure_ascii=False, separators=(",", ":"))))
-        return calls
+        return json.dumps(args, ensure_ascii=False, separators=(",", ":")) if isinstance(args, dict) else None
 
     def section_end(self, text: str) -> int | None:
         """Where a section that begins `text` ends (the index after it), None while open."""
@@ -394,15 +390,31 @@ def parse_generic(text: str, tools: set[str], parallel: bool) -> tuple[str, list
     if isinstance(answer.get("response"), str):
         return answer["response"], []
     items = answer.get("tool_calls") if "tool_calls" in answer else [answer.get("tool_call")]
+
+    def arguments(item: dict[str, Any]) -> str:
+        args = item.get("arguments", {})
+        return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+
+    calls = _calls(items, tools, arguments)
+    if calls is None:
+        return None
+    return "", calls if parallel else calls[:1]
+
+
+def _calls(items: Any, tools: set[str], arguments: Callable[[dict[str, Any]], str | None]) -> list[ToolCall] | None:
+    """The calls a parsed answer lists (each {"name": ..., and its arguments}, which `arguments` writes as
+    JSON text or refuses with None); None unless every item is a call of one of `tools`."""
     if not isinstance(items, list) or not items:
         return None
     calls = []
     for item in items:
         if not isinstance(item, dict) or item.get("name") not in tools:
             return None
-        args = item.get("arguments", {})
-        calls.append(ToolCall(item["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)))
-    return "", calls if parallel else calls[:1]
+        args = arguments(item)
+        if args is None:
+            return None
+        calls.append(ToolCall(item["name"], args))
+    return calls
 
 
 class ToolCallStream:

@@ -101,11 +101,9 @@ class Answer:
     text: str  # the JSON text the client gets (content, a call's arguments, output_text)
 
     def verdict(self) -> str:
-        """"ok": a JSON value valid under its schema; "utf8": the same but for a length bound on a string
-        holding U+FFFD (below); else what is wrong. llama.cpp's grammar counts a string's characters as it
-        decodes the bytes, and reads an invalid UTF-8 sequence that a byte-level vocabulary can write (an
-        overlong form, a surrogate, a code point past U+10FFFF) as one character, which the server's
-        decoding writes as up to four U+FFFD: a length bound the grammar kept can look broken."""
+        """"ok": a JSON value valid under its schema; else what is wrong. (Before issue 58's UTF-8
+        fix llama.cpp's grammar let invalid UTF-8 into strings, which it counted as one character
+        and the server decoded as up to four U+FFFD: pydflash2.utf8_pieces.)"""
         try:
             value = json.loads(self.text)  # strict: a raw control character in a string is an error
         except ValueError as e:
@@ -114,17 +112,7 @@ class Answer:
             jsonschema.validate(value, self.schema)
             return "ok"
         except jsonschema.ValidationError as e:
-            if "\ufffd" in self.text and jsonschema.Draft202012Validator(_no_lengths(self.schema)).is_valid(value):
-                return "utf8"
             return f"invalid: {e.message}"
-
-
-def _no_lengths(schema: Any) -> Any:
-    if isinstance(schema, dict):
-        return {k: _no_lengths(v) for k, v in schema.items() if k not in ("minLength", "maxLength")}
-    if isinstance(schema, list):
-        return [_no_lengths(v) for v in schema]
-    return schema
 
 
 PROMPT = "Reply in JSON."
