@@ -615,8 +615,8 @@ def test_lazy_head_groups_give_the_rows_one_at_a_time_give(hot_pair, llm, exact,
 
 def test_greedy_requests_do_not_teach_sampled_ones_the_lattices_acceptance(hot_pair, llm) -> None:
     """The lattice's chain acceptance is learned per regime too: after greedy requests (whose
-    random drafter's drafts are all rejected), a sampled request drafts exactly as on a fresh engine
-    (its regime's estimate is still the prior), while a greedy one has learned to decode plainly.
+    random drafter's drafts are all rejected), a sampled request drafts as on a fresh engine (its
+    regime's estimate is still the prior), while a greedy one has learned to decode plainly.
     Costs fixed (a row a tenth of a plain step, drafting cheap) so that drafting pays at the prior
     and only the learned acceptance changes the drafts."""
     ids = _ids(llm, REPEATING[3])
@@ -630,7 +630,10 @@ def test_greedy_requests_do_not_teach_sampled_ones_the_lattices_acceptance(hot_p
             return tuple(out.stats["n_max_histogram"]), out.stats["lattice_drafted"], tuple(out.tokens)
 
     sampled_fresh, sampled_primed = lattice_drafting(0, 1.0), lattice_drafting(3, 1.0)
-    assert sampled_fresh[1] > 0 and sampled_primed == sampled_fresh
     fresh, primed = lattice_drafting(0, 0.0), lattice_drafting(3, 0.0)
-    print(f"greedy lattice drafts: fresh {fresh[1]}, after 3 greedy requests {primed[1]}")
-    assert fresh[1] > 0 and primed[1] < fresh[1]  # the greedy regime did learn
+    print(f"lattice drafts, fresh and after 3 greedy requests: sampled {sampled_fresh[1]} and "
+          f"{sampled_primed[1]}, greedy {fresh[1]} and {primed[1]}")
+    # (the engine-wide host costs and probe schedule also move with the greedy requests: the drafts
+    # of a sampled request stay near a fresh engine's, not equal; pooled, they fell to none)
+    assert sampled_primed[1] >= sampled_fresh[1] // 2 > 0
+    assert primed[1] <= fresh[1] // 4  # the greedy regime did learn
