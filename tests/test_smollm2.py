@@ -21,10 +21,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory: pytest.TempPathFactory):
-    try:
-        target = testing.default_target()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+    target = testing.default_target_or_skip()
     draft = testing.make_random_drafter_for(target, tmp_path_factory.mktemp("smol") / "dflash2.gguf")
     llm = llama_cpp.Llama(str(target), n_ctx=1024, verbose=False)
     return llm, draft

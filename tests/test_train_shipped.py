@@ -27,10 +27,7 @@ def test_the_drafter_ships_with_the_package() -> None:
 
 
 def test_shipped_drafter_is_accepted_on_smollm2() -> None:
-    try:
-        target = testing.default_target()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+    target = testing.default_target_or_skip()
     llm = llama_cpp.Llama(str(target), n_ctx=1024, verbose=False)
     committed = steps = 0
     with Speculator(llm, DEFAULT_DRAFTER, n_max=7) as spec:
@@ -55,10 +52,7 @@ def test_the_shipped_drafter_warm_starts_exactly(tmp_path) -> None:
     from pydflash2.train.trainer import build_model
     from pydflash2.train.warm_start import drafter_config, load_weights
 
-    try:
-        target = testing.default_target()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+    target = testing.default_target_or_skip()
     info = read_target(target)
     cfg = drafter_config(DEFAULT_DRAFTER, n_embd=info.n_embd, n_vocab=info.n_vocab)
     model = build_model(cfg, target)

