@@ -274,9 +274,9 @@ void BatchEngine::flush_rows(Slot & s) {
 int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
     StepLedger & ledger = stats_.ledger();
     const double host0 = ledger.host();
-    const auto device = [&] { return ledger.seconds(Part::Decode) + ledger.seconds(Part::Sync) + ledger.seconds(Part::Head); };
-    const double device0 = device();
-    const double head0 = ledger.seconds(Part::Head);
+    // the device's work but the lazy head's, which observe_device takes as priced (below)
+    const auto decode_sync = [&] { return ledger.seconds(Part::Decode) + ledger.seconds(Part::Sync); };
+    const double decode_sync0 = decode_sync();
     const int64_t read0 = target_.lazy_head_rows_read();
     VerifyShape verify;
     int prefill_rows = 0;
@@ -294,8 +294,7 @@ int BatchEngine::step(std::vector<int32_t> & counts, std::vector<llama_token> & 
             // more, which the one scale the verifies learn cannot hold (on the F32 stand-in it made
             // the lattice look cheap in chat, where verifies read one or two rows).
             const auto read = static_cast<int>(target_.lazy_head_rows_read() - read0);
-            const double head_ran = ledger.seconds(Part::Head) - head0;
-            const double device_s = device() - device0 - head_ran + cost_model_.costs().head_s * read;
+            const double device_s = decode_sync() - decode_sync0 + cost_model_.costs().head_s * read;
             const int extra_heads = read - verify.slots;  // the table reads one a slot
             cost_model_.observe_device(verify.plain, verify.slots, verify.rows_per_slot, extra_heads, device_s);
         }

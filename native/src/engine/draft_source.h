@@ -115,7 +115,6 @@ struct SourceStart {
 template <class T> struct ByRegime {
     T greedy, sampled;
     T & of(bool is_sampled) { return is_sampled ? sampled : greedy; }
-    const T & of(bool is_sampled) const { return is_sampled ? sampled : greedy; }
 };
 
 // What one step's verification decided, told to every source of the slot, drafted by it or not.
