@@ -1,8 +1,9 @@
 """Third-party OpenAI clients against one real server on the default model
 (SmolLM2, whose chat template has no tool format: tools go through the generic
 format), issue 34's client matrix: the `llm` CLI (installed with the test
-extra), and langchain-openai, instructor, pydantic-ai and litellm (the
-`clients` extra: `pip install ".[test,clients]"`), each with plain, streamed,
+extra), and langchain-openai, instructor, pydantic-ai, litellm, the OpenAI
+Agents SDK and langchain-anthropic (the `clients` extra:
+`pip install ".[test,clients]"`), each with plain, streamed,
 structured (with a bounded integer field) and tool-calling requests and
 `max_completion_tokens`. Slow tier
 (`pytest -m slow tests/test_clients.py`); a client that is not installed
@@ -41,7 +42,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(workdir: Path) -> Iterator[ServerProcess]:
     target = testing.default_target_or_skip()
-    s = ServerProcess(["--model", str(target), "--n-ctx", "2048", "--alias", MODEL, "--temp", "0"], workdir)
+    # startup measures the pair's costs (not cached where the machine is oversubscribed): minutes on busy cores
+    s = ServerProcess(["--model", str(target), "--n-ctx", "2048", "--alias", MODEL, "--temp", "0"], workdir,
+                      timeout=900)
     yield s
     s.stop()
 
@@ -175,6 +178,108 @@ def test_litellm(server: ServerProcess) -> None:
                                 tool_choice="required", **{**kw, "max_tokens": 200})
     call = called.choices[0].message.tool_calls[0].function
     assert call.name == "weather" and 1 <= json.loads(call.arguments)["days"] <= 7
+
+
+def test_openai_agents(server: ServerProcess) -> None:
+    """The OpenAI Agents SDK through both of its models (Responses, its default, and chat completions):
+    plain and streamed runs, a structured `output_type`, and a function tool whose call it runs and whose
+    output it sends back. SmolLM2 calls the tool again each turn, so `max_turns` may end the run: the
+    protocol round trip (a call, its output sent back, the next answer served) is what is checked."""
+    need("agents")
+    import asyncio
+
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        OpenAIResponsesModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+    from agents.exceptions import MaxTurnsExceeded
+    from openai import AsyncOpenAI
+    from pydantic import BaseModel, Field
+
+    set_tracing_disabled(True)  # offline: no traces to OpenAI
+
+    class Person(BaseModel):
+        name: str = Field(max_length=20)
+        age: int = Field(ge=0, le=150)  # a bounded integer: the grammar holds it in range
+
+    cities: list[str] = []
+
+    @function_tool
+    def weather(city: str) -> str:
+        """The weather in a city."""
+        cities.append(city)
+        return "sunny"
+
+    async def run(model: object) -> None:
+        # room for SmolLM2's answer: the SDK raises on a `response.incomplete` (max_output_tokens)
+        settings = ModelSettings(max_tokens=200, temperature=0)
+        text = await Runner.run(Agent(name="a", instructions="Be brief.", model=model, model_settings=settings),
+                                "Say hello.")
+        assert isinstance(text.final_output, str) and text.final_output
+        streamed = Runner.run_streamed(Agent(name="a", model=model, model_settings=settings), "Say hello.")
+        events = [e async for e in streamed.stream_events()]
+        assert len(events) > 2 and isinstance(streamed.final_output, str) and streamed.final_output
+        person = await Runner.run(Agent(name="a", model=model, output_type=Person, model_settings=settings),
+                                  "Invent a person.")
+        assert isinstance(person.final_output, Person)
+        calling = Agent(name="a", model=model, tools=[weather],
+                        model_settings=ModelSettings(max_tokens=400, temperature=0, tool_choice="required"))
+        before = len(cities)
+        try:
+            items = (await Runner.run(calling, "What is the weather in Paris?", max_turns=3)).new_items
+        except MaxTurnsExceeded as e:
+            assert e.run_data is not None
+            items = e.run_data.new_items
+        kinds = [type(i).__name__ for i in items]
+        # the call ran, its output went back, and the next turn was answered (another call or the text)
+        assert kinds[:2] == ["ToolCallItem", "ToolCallOutputItem"] and len(kinds) > 2, kinds
+        assert len(cities) > before
+
+    async def both() -> None:  # one event loop for the client and both models
+        client = AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
+        await run(OpenAIResponsesModel(MODEL, client))
+        await run(OpenAIChatCompletionsModel(MODEL, client))
+
+    asyncio.run(both())
+
+
+def test_langchain_anthropic(server: ServerProcess) -> None:
+    """langchain-anthropic's ChatAnthropic on the Messages API: plain and streamed, structured output (a
+    forced tool call), a tool call and the turn after its result."""
+    need("langchain_anthropic")
+    from langchain_anthropic import ChatAnthropic
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from pydantic import BaseModel, Field
+
+    def chat(max_tokens: int) -> ChatAnthropic:  # the base URL without /v1, as every Anthropic client
+        return ChatAnthropic(model=MODEL, base_url=server.url, api_key="dummy", max_tokens=max_tokens,
+                             temperature=0, timeout=300, max_retries=0)
+
+    assert chat(16).invoke("Say hello.").content
+    assert "".join(str(c.content) for c in chat(16).stream("Say hello."))
+
+    class Person(BaseModel):
+        name: str = Field(max_length=20)
+        age: int = Field(ge=0, le=150)  # a bounded integer: the grammar holds it in range
+
+    assert isinstance(chat(200).with_structured_output(Person).invoke("Invent a person."), Person)
+
+    def weather(city: str) -> str:
+        """The weather in a city."""
+        return "sunny"
+
+    question = HumanMessage("What is the weather in Paris?")
+    called = chat(200).bind_tools([weather], tool_choice="weather").invoke([question])
+    assert called.tool_calls and called.tool_calls[0]["name"] == "weather"
+    after = chat(200).bind_tools([weather]).invoke(
+        [question, called, ToolMessage(content="sunny", tool_call_id=called.tool_calls[0]["id"])])
+    assert after.response_metadata["stop_reason"] in ("end_turn", "tool_use", "max_tokens"), after
+    assert after.content or after.tool_calls
 
 
 # ---------------------------------------------------------------- a browser
