@@ -1,10 +1,12 @@
 """What the engine chose in a run, and what it measured, in words a person can read.
 
 The engine's cost model decides every step (native cost_model.h: the draft length, a tree's budget,
-the context's candidates alone or merged with the drafter's block) and its stats keep what it ran:
-per request, each plan its verify steps ran ("plain", "chain of 3", "tree of 16", "merged tree",
-"candidates' tree") with its steps, the committed tokens the cost model expected of it and those it
-committed (`stats["plans"]`). This module words those records; it decides nothing itself, so the
+the context's candidates alone or merged with the drafter's block), each decision with every option
+it weighed, priced (`stats["decision"]`: a request's last; the engine's stats' "decisions": its last
+step's). Its stats keep what it ran: per request, each plan its verify steps ran ("plain", "chain of
+3", "tree of 16", "merged tree", "candidates' tree") with its steps, the committed tokens the cost
+model expected of it and those it committed, and the rates it priced it and plain decoding at
+(`stats["plans"]`). This module words those records; it decides nothing itself, so the
 explanation can never tell the user something the engine did not do."""
 
 from __future__ import annotations
@@ -29,17 +31,24 @@ def expected_tokens(acceptance: Sequence[float]) -> float:
 
 
 def merge_plans(runs: Iterable[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
-    """Several requests' plans as one record (steps summed, the taus weighted by steps), in order of
-    first use."""
+    """Several requests' plans as one record (steps summed, the taus weighted by steps, the priced
+    rates by priced steps), in order of first use."""
     merged: dict[str, dict[str, Any]] = {}
     for plans in runs:
         for p in plans:
-            m = merged.setdefault(p["plan"], {"plan": p["plan"], "steps": 0, "expected": 0.0, "committed": 0.0})
+            m = merged.setdefault(p["plan"], {"plan": p["plan"], "steps": 0, "expected": 0.0, "committed": 0.0,
+                                              "priced_steps": 0, "rate": 0.0, "plain_rate": 0.0})
             m["steps"] += p["steps"]
             m["expected"] += p["expected_tau"] * p["steps"]
             m["committed"] += p["tau"] * p["steps"]
+            priced = p.get("priced_steps", 0)
+            m["priced_steps"] += priced
+            m["rate"] += p.get("expected_rate", 0.0) * priced
+            m["plain_rate"] += p.get("plain_rate", 0.0) * priced
     return [{"plan": m["plan"], "steps": m["steps"], "expected_tau": m["expected"] / max(m["steps"], 1),
-             "tau": m["committed"] / max(m["steps"], 1)} for m in merged.values()]
+             "tau": m["committed"] / max(m["steps"], 1), "priced_steps": m["priced_steps"],
+             "expected_rate": m["rate"] / max(m["priced_steps"], 1),
+             "plain_rate": m["plain_rate"] / max(m["priced_steps"], 1)} for m in merged.values()]
 
 
 def ran_most(plans: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
@@ -65,6 +74,17 @@ def _taus(p: Mapping[str, Any]) -> str:
     return f"expected tau {p['expected_tau']:.2f}, measured {p['tau']:.2f}"
 
 
+def _priced(p: Mapping[str, Any]) -> str:
+    """The rate the cost model priced the plan at where it ran it as chosen, against plain decoding's
+    in the same decisions (empty: never priced so)."""
+    if not p.get("priced_steps"):
+        return ""
+    text = f", priced at {p['expected_rate']:.1f} tok/s"
+    if p["plan"] != "plain" and p.get("plain_rate"):
+        text += f" against plain decoding's {p['plain_rate']:.1f}"
+    return text
+
+
 def explain_run(stats: Mapping[str, Any]) -> str | None:
     """What the engine ran in a finished run (a request's stats, or bench's merged ones): the plan
     its steps ran most with its expected and measured tau, then the others by steps (None: no verify
@@ -75,7 +95,7 @@ def explain_run(stats: Mapping[str, Any]) -> str | None:
         return None
     total = sum(p["steps"] for p in plans)
     rest = sorted((p for p in plans if p is not top and p["steps"] > 0), key=lambda p: -p["steps"])
-    text = f"auto: the engine ran {_words(top['plan'])} in {top['steps']} of {total} steps ({_taus(top)})"
+    text = f"auto: the engine ran {_words(top['plan'])} in {top['steps']} of {total} steps ({_taus(top)}){_priced(top)}"
     if rest:
         text += "; then " + "; ".join(f"{_words(p['plan'])} in {p['steps']} ({_taus(p)})" for p in rest[:3])
         if len(rest) > 3:

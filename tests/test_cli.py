@@ -114,6 +114,18 @@ def test_generate_explains_the_plan_the_engine_ran_most(tmp_path, target_gguf, d
     assert s["explanation"].startswith(f"auto: the engine ran {words}")
     assert f" in {top['steps']} of {total} steps (expected tau {top['expected_tau']:.2f}, " \
            f"measured {top['tau']:.2f})" in s["explanation"]
+    # the cost model's last decision for it, every option priced: it chose the best rate (ties: the
+    # first), and the explanation's priced rate is what its decisions priced the plan at
+    d = s["decision"]
+    assert d["what"] == "draft length" and d["slot"] == 0 and d["priced"]
+    assert [o["plan"] for o in d["options"]] == ["plain"] + [f"chain of {n}" for n in range(1, len(hist))]
+    rates = [o["rate"] for o in d["options"]]
+    assert d["chosen"] == d["options"][rates.index(max(rates))]["plan"]
+    for o in d["options"]:
+        assert o["rate"] == pytest.approx(o["expected_tokens"] / o["seconds"])
+    assert sum(p["priced_steps"] for p in plans) > 0
+    if top["priced_steps"]:
+        assert f"priced at {top['expected_rate']:.1f} tok/s" in s["explanation"]
     # the text run prints the same explanation, and the acceptance of the block's positions only
     text = _run("generate", "Once upon a time", "--model", str(target_gguf), "--draft", str(drafter2_gguf),
                 "--max-tokens", "24", "--raw", "--n-max", "auto", "--n-ctx", "256", cwd=tmp_path)

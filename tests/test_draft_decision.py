@@ -46,6 +46,21 @@ def test_merged_runs_weigh_taus_by_steps() -> None:
     assert m[0]["tau"] == pytest.approx((10 * 3.0 + 30 * 1.0) / 40)
 
 
+def test_names_the_rates_the_engine_priced_the_plan_at() -> None:
+    # where the engine ran the plan as its cost model chose it, the rates of that decision
+    plans = [{**PLANS[0], "priced_steps": 40, "expected_rate": 20.0, "plain_rate": 20.0},
+             {**PLANS[1], "priced_steps": 0, "expected_rate": 0.0, "plain_rate": 0.0}]
+    msg = explain_run({"plans": plans})
+    assert msg is not None
+    assert msg.startswith("auto: the engine ran plain decoding in 45 of 60 steps (expected tau 1.00, "
+                          "measured 1.00), priced at 20.0 tok/s;")
+    chain = [{**PLANS[1], "steps": 50, "priced_steps": 50, "expected_rate": 24.5, "plain_rate": 20.3}]
+    msg = explain_run({"plans": chain})
+    assert msg is not None and msg.endswith("priced at 24.5 tok/s against plain decoding's 20.3.")
+    m = merge_plans([chain, [{**chain[0], "priced_steps": 25, "expected_rate": 30.5, "plain_rate": 20.3}]])
+    assert m[0]["priced_steps"] == 75 and m[0]["expected_rate"] == pytest.approx((50 * 24.5 + 25 * 30.5) / 75)
+
+
 def test_acceptance_columns_are_the_blocks_positions() -> None:
     # an 8-row block (7 drafts) whose stats are as wide as a context path (32): 7 columns
     stats = {"max_draft": 7, "drafted_per_position": [5, 4, 3, 0, 0, 0, 0] + [0] * 25}

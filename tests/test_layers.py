@@ -218,11 +218,12 @@ def test_only_the_stats_recorder_writes_the_counters() -> None:
 def test_only_the_cost_model_chooses() -> None:
     """The one rate, committed tokens per second, is Price::rate in step_price.h, and the one choice
     among priced options is best_rate there: no other engine file divides by seconds or keeps a best
-    rate of its own. Only the cost model (cost_model.*) and the chain's formula (draft_length.cpp)
-    call the chooser or price a step: the planner asks the model and applies its answers. The Python
+    rate of its own. Only the cost model (cost_model.*) calls the chooser (directly, or through
+    weigh, which keeps every option it priced: a Decision); the planner asks the model and applies
+    the chosen options. The Python
     side reads the engine's choices (draft_decision.py)."""
     rate = re.compile(r"/\s*std::max\([^;]*(seconds|1e-9)|best_rate\s*=|rate\s*>\s*\w*rate")
-    choosers = {"cost_model.cpp", "draft_length.cpp", "merged_draft_tree.h", "step_price.h"}
+    choosers = {"cost_model.cpp", "merged_draft_tree.h", "step_price.h"}
     seen = set()
     for f in sorted(ENGINE.glob("*.[ch]*")):
         text = f.read_text(encoding="utf-8")

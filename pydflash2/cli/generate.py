@@ -26,7 +26,7 @@ NAME = "generate"
 STATS_KEYS = ("exact", "tau", "n_max", "tree_budget", "context_drafts", "lattice_drafted", "lattice_accepted",
               "context_drafted", "context_accepted", "propose_skipped", "tokens_per_second", "ttft_s", "draft_s",
               "verify_s", "inject_s", "drafted_per_position", "accepted_per_position", "n_max_histogram", "total_s",
-              "phases", "drafter_graph_builds", "plans", "explanation")
+              "phases", "drafter_graph_builds", "plans", "decision", "explanation")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

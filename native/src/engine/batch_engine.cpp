@@ -309,11 +309,15 @@ BatchEngine::VerifyShape BatchEngine::verify_step(std::vector<int32_t> & counts,
     for (Slot & s : slots_) {
         s.request.n_logprobs = 0;
     }
-    const StepPlan plan = [&] {
+    StepPlan plan = [&] {
         const StepLedger::Scope planning(stats_.ledger(), Part::Plan);
-        return plan_step(counts);
+        for (size_t i = 0; i < slots_.size(); ++i) {
+            if (slots_[i].fill(opts_.n_ctx_slot)) counts[i] = -1;  // its context is full
+        }
+        return plan_step(slot_views());
     }();
     const Decodes decodes = group_decodes(draft_blocks(plan));
+    if (!plan.decoding.empty()) stats_.step_decided(std::move(plan.decisions));
     VerifyShape shape;
     for (const auto & [n_rows, members] : decodes) {
         // a plain step feeds the drafter only where its copies cost little (StepCosts::starve_plain)

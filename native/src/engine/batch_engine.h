@@ -19,6 +19,7 @@
 #include "engine/engine_stats.h"
 #include "engine/step_ledger.h"
 #include "engine/path_calibration.h"
+#include "engine/slot.h"
 #include "drafter/draft_tree.h"
 #include "drafter/drafter.h"
 #include "capture/feature_capture_callback.h"
@@ -176,59 +177,7 @@ class BatchEngine {
     void release_target() { target_.release(); }
 
   private:
-    enum class State { Idle, Prefill, Decode, Full };
-
-    // The request a slot serves, from start() to stop().
-    struct Request {
-        std::vector<llama_token> prompt;
-        int32_t max_tokens = 0;  // > 0: drafts stop at the request's last token
-        std::unique_ptr<TargetSampler> sampler;
-        SlotStats stats;
-        std::vector<TokenLogprob> logprobs;  // of the tokens the last step committed (when asked for)
-        int32_t n_logprobs = 0;              // ... how many of them are valid
-    };
-    // What the slot's target sequence holds, and where it goes on.
-    struct Sequence {
-        // tokens at positions 0.. whose K/V the slot's sequence holds (and its
-        // drafter, cached or queued); kept after stop() so that the next
-        // request on the slot prefills only what differs from its prompt
-        std::vector<llama_token> history;
-        int32_t n_prefilled = 0;
-        int32_t pos = 0;  // next position to decode
-        llama_token anchor = -1;
-        // Committed tokens whose K/V the sequence does not hold yet: a tree path that left the
-        // first-child chain sat at cells out of position order, so its rows are decoded again, in
-        // order, ahead of the slot's next rows (their features were taken from the tree's rows).
-        std::vector<llama_token> pending;
-        int32_t pending_pos0 = 0;
-        int32_t prompt_rows = 0;  // the last prompt's length: history rows [0, this) were its prefill
-    };
-    // Where the slot's drafts come from, and how many it wants.
-    struct Drafting {
-        Drafter * drafter = nullptr;
-        DrafterFeed feed;
-        SlotSources sources;  // the drafter's lattice, the candidate sources, the merged tree (by index)
-    };
-    // This step's rows in the batch: the drafted block and where its rows sit.
-    struct StepRows {
-        DraftBlock block;
-        std::vector<int32_t> branches;     // a tree's branch sequences (one per leaf)
-        std::vector<int32_t> branch_leaf;  // per branch, its leaf node
-        std::vector<int32_t> node_branch;  // per node, one branch sequence through it
-        std::vector<int32_t> node_row;     // per node, its row after the anchor's (depth-first order)
-        int32_t row0 = 0, n_rows = 0;      // first row in the batch (the anchor's), prompt rows
-    };
-    struct Slot {
-        State state = State::Idle;
-        Request request;
-        Sequence seq;
-        Drafting drafting;
-        StepRows rows;
-        std::string plan;         // this step's plan (SlotPlan::name), for the stats
-        double plan_expected = 1.0;
-        ContextDrafts context_mode = ContextDrafts::Request;  // for the next start()
-        std::string context_key;
-    };
+    using State = Slot::State;
 
     // One step's plan (step_planner.cpp): per decoding slot, how many drafts and tree nodes, and
     // from which sources (by index: no source is special).
@@ -243,6 +192,7 @@ class BatchEngine {
         int merge_depth = 0;
         int merge_nodes = 0;
         double expected = 1.0;  // the tokens the cost model expects it to commit
+        int decision = -1;      // the decision (StepPlan::decisions) its plan came from (-1: none)
         // what the stats call it (engine_stats.h, PlanRun)
         std::string name() const;
     };
@@ -254,19 +204,35 @@ class BatchEngine {
         int tree_budget = 0;           // the step's tree budget (0: chains)
         int row_share = 0;             // batch rows each decoding slot may take after its anchor
         std::vector<SlotPlan> slots;   // per slot (idle ones: nothing)
-        std::vector<Offer> proposals;  // per slot: its proposing source's offer (none: empty)
+        std::vector<Decision> decisions;  // the cost model's, in the order made (the plan acts on them)
+        // records a decision and returns its chosen option: for one slot, or every decoding slot
+        // with a proposer
+        const PricedOption & decide(size_t slot, Decision d);
+        const PricedOption & decide_all(Decision d);
+    };
+    // What the planner reads of a decoding slot (slot_views): the slot as it is, and its sources' offers.
+    struct SlotView {
+        size_t index = 0;
+        const Slot * slot = nullptr;
+        int proposer = -1;          // the source that proposes its blocks (-1: none)
+        Offer proposal;             // ... its offer
+        std::vector<double> known;  // the known candidates' expected accepted drafts by nodes (size <= 1: none)
+        int merge_depth = 0, merge_nodes = 0;  // ... their deepest path and most nodes
     };
     using Groups = std::map<int, std::vector<int>>;  // verify rows -> slots with that many
 
     // step_planner.cpp
-    StepPlan plan_step(std::vector<int32_t> & counts);
-    int slot_draft_length(const StepPlan & plan, size_t i) const;  // the cost model's wish, before the batch's caps
-    SlotPlan plan_slot(const StepPlan & plan, size_t i) const;  // the caps: context, max_tokens, share, pending
+    std::vector<SlotView> slot_views();  // asks the decoding slots' sources for their offers
+    StepPlan plan_step(const std::vector<SlotView> & views);  // reads the views only
+    int row_share(int n_decoding) const;
+    int slot_draft_length(StepPlan & plan, const SlotView & v);  // the cost model's wish, before the batch's caps
+    SlotPlan plan_slot(const StepPlan & plan, const SlotView & v) const;  // the caps: context, max_tokens, share, pending
     Groups draft_blocks(const StepPlan & plan);
+    void price_plan(const StepPlan & plan, size_t i);  // what the step's decisions priced the slot's plan at
     void draft(size_t i, const SlotPlan & p);
     DraftRequest draft_request(Slot & s, int n, int tree_budget) const;
-    double expected_committed(const StepPlan & plan, size_t i) const;  // a chain's or tree's plan
-    void plan_context(StepPlan & plan);  // which slots draft from the context, alone or merged
+    static double expected_committed(const SlotPlan & p, const SlotView & v);  // a chain's or tree's plan
+    void plan_context(StepPlan & plan, const std::vector<SlotView> & views);  // known candidates alone or merged
     void draft_merged(size_t i, const SlotPlan & p);
     void record_draft_times(const DraftBlock & block);
     int context_prefix(const DraftBlock & b) const;  // the merged tree's best prefix

@@ -15,8 +15,7 @@ void BatchEngine::commit_tokens(int idx, Slot & s, const std::vector<llama_token
                                 const std::vector<char> * node_accepted, std::vector<int32_t> & counts,
                                 std::vector<llama_token> & tokens) {
     const int k = static_cast<int>(accepted.size());
-    s.seq.history.push_back(s.seq.anchor);
-    s.seq.history.insert(s.seq.history.end(), accepted.begin(), accepted.end());
+    s.commit(accepted, next);
     llama_token * out = tokens.data() + static_cast<size_t>(idx) * (static_cast<size_t>(step_width_) + 1);
     std::copy(accepted.begin(), accepted.end(), out);
     out[k] = next;
@@ -28,9 +27,9 @@ void BatchEngine::commit_tokens(int idx, Slot & s, const std::vector<llama_token
     stats_.committed(s.request.stats, k + 1, true);
     // the plan it ran (a block that came out empty verified nothing: plain)
     const bool drafted = !s.rows.block.tokens.empty();
-    stats_.ran(s.request.stats, drafted ? s.plan : "plain", drafted ? s.plan_expected : 1.0, k + 1);
-    s.seq.pos += k + 1;
-    s.seq.anchor = next;
+    const bool as_planned = drafted || s.plan == "plain";
+    stats_.ran(s.request.stats, drafted ? s.plan : "plain", drafted ? s.plan_expected : 1.0, k + 1,
+               as_planned ? s.plan_rate : 0.0, s.plain_rate);
 }
 
 void BatchEngine::commit_chain(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens) {
@@ -168,9 +167,7 @@ void BatchEngine::commit_prefill(int idx, Slot & s, std::vector<int32_t> & count
         s.request.n_logprobs = 0;
         record_logprob(s, logits, first);
     }
-    s.state = State::Decode;
-    s.seq.pos = s.seq.n_prefilled;
-    s.seq.anchor = first;
+    s.start_decoding(first);
     tokens[static_cast<size_t>(idx) * (static_cast<size_t>(step_width_) + 1)] = first;
     const StepLedger::Scope sources(stats_.ledger(), Part::Sources);
     s.drafting.sources.accept(Verified{&first, 1, nullptr, nullptr});  // a prompt's first token: no block

@@ -10,7 +10,7 @@
 
 namespace pdf2 {
 
-BatchEngine::Slot & BatchEngine::slot_at(int slot) {
+Slot & BatchEngine::slot_at(int slot) {
     if (slot < 0 || slot >= n_slots()) {
         throw Error("slot " + std::to_string(slot) + " does not exist (0.." + std::to_string(n_slots() - 1) + ")");
     }
@@ -61,18 +61,8 @@ void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, std::
         llama_memory_clear(llama_get_memory(ctx_.ctx), false);
     }
     const int32_t keep = reuse_prefix(s, slot, prompt);
-    s.request.sampler = std::move(sampler);
-    s.request.prompt = prompt;
-    s.seq.history = prompt;  // positions >= keep are prefilled next
-    s.seq.prompt_rows = static_cast<int32_t>(prompt.size());
-    s.seq.n_prefilled = keep;
-    s.seq.pos = 0;
-    s.seq.anchor = -1;
-    s.request.max_tokens = max_tokens;
     stats_.start(s.request.stats, static_cast<int64_t>(prompt.size()), keep, step_width_, max_draft_);
-    s.drafting.sources.begin(
-        SourceStart{&prompt, static_cast<int>(s.context_mode), &s.context_key, !s.request.sampler->params().greedy()});
-    s.state = State::Prefill;
+    s.begin(prompt, std::move(sampler), max_tokens, keep);
 }
 
 void BatchEngine::stop(int slot) {
@@ -81,14 +71,7 @@ void BatchEngine::stop(int slot) {
         return;
     }
     flush_pending(slot, s);
-    // what the sequence holds: the prefilled prompt rows, or every committed row
-    const int32_t held = s.state == State::Prefill ? s.seq.n_prefilled : s.seq.pos - static_cast<int32_t>(s.seq.pending.size());
-    s.seq.pending.clear();
-    s.seq.history.resize(static_cast<size_t>(std::min<int32_t>(held, static_cast<int32_t>(s.seq.history.size()))));
-    s.state = State::Idle;
-    s.drafting.sources.finish();  // the context's output joins the global cache
-    s.request.prompt.clear();
-    s.request.sampler.reset();
+    s.end();
 }
 
 namespace {

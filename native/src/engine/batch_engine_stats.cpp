@@ -7,6 +7,35 @@
 
 namespace pdf2 {
 
+namespace {
+
+// A decision of the cost model as it was made: what it chose among, every option with its price
+// (expected tokens summed over n_slots, the step's seconds, their rate), and the option it took.
+void write_decision(JsonWriter & w, const Decision & d) {
+    w.begin_object();
+    w.field("what", d.what);
+    w.field("chosen", d.choice() != nullptr ? d.choice()->name() : std::string());
+    w.field("probe", d.probe);
+    w.key("options").begin_array();
+    for (const PricedOption & o : d.options) {
+        w.begin_object();
+        w.field("plan", o.name());
+        w.field("drafts", o.drafts);
+        w.field("tree_budget", o.tree_budget);
+        w.field("expected_tokens", o.price.committed);
+        w.field("seconds", o.price.seconds);
+        w.field("rate", d.priced ? o.price.rate() : 0.0);
+        w.end_object();
+    }
+    w.end_array();
+    w.field("priced", d.priced);
+    w.field("slot", d.slot);
+    w.field("n_slots", d.n_slots);
+    w.end_object();
+}
+
+}  // namespace
+
 // The step ledger (step_ledger.h): every part's seconds, the steps and their rows; and the phases
 // the ledger's parts make (sums of parts: the same figures the engine reported before the ledger).
 void BatchEngine::write_ledger(JsonWriter & w) const {
@@ -172,6 +201,10 @@ std::string BatchEngine::stats_json() const {
     for (const Slot & s : slots_) busy += s.state == State::Idle ? 0 : 1;
     w.field("busy_slots", busy);
     if (cost_model_.max_tree_budget() > 0) cost_model_.write_json(w);
+    // the cost model's decisions at the last step that verified rows: every option priced, the chosen one
+    w.key("decisions").begin_array();
+    for (const Decision & d : stats_.engine().decisions) write_decision(w, d);
+    w.end_array();
     w.end_object();
     return w.str();
 }
@@ -219,9 +252,20 @@ std::string BatchEngine::slot_stats_json(int slot) {
         w.field("steps", r.steps);
         w.field("expected_tau", r.steps > 0 ? r.expected / static_cast<double>(r.steps) : 0.0);
         w.field("tau", r.steps > 0 ? static_cast<double>(r.committed) / static_cast<double>(r.steps) : 0.0);
+        // where it ran as the cost model chose it: the rates it priced it and plain decoding at
+        const auto mean = [&](double sum) { return r.priced_steps > 0 ? sum / static_cast<double>(r.priced_steps) : 0.0; };
+        w.field("priced_steps", r.priced_steps);
+        w.field("expected_rate", mean(r.rate));
+        w.field("plain_rate", mean(r.plain_rate));
         w.end_object();
     }
     w.end_array();
+    w.key("decision");  // the last decision its plan came from (null: none, e.g. a fixed n_max)
+    if (st.decision.chosen >= 0) {
+        write_decision(w, st.decision);
+    } else {
+        w.null();
+    }
     w.end_object();
     return w.str();
 }

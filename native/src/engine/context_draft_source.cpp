@@ -1,7 +1,5 @@
 #include "engine/context_draft_source.h"
 
-#include "common/clock.h"
-
 #include <cmath>
 #include <map>
 #include <utility>
@@ -150,16 +148,6 @@ Offer ContextDraftSource::offer(const OfferRequest & req) {
     const ScoredNodes & c = candidates(req.max_depth);
     if (c.size() > 0) o.nodes = &c;
     return o;
-}
-
-void ContextDraftSource::draft(const DraftRequest & req, DraftBlock & out) {
-    const auto t0 = Clock::now();
-    std::vector<const ScoredNodes *> sources(static_cast<size_t>(index()) + 1, nullptr);
-    sources.back() = &candidates(req.n);
-    MergedTree m = merge_draft_trees(sources, req.tree_budget, kContextBranches);
-    out.set_merged(std::move(m));
-    out.seconds = seconds_since(t0);
-    out.select_s = out.seconds;
 }
 
 }  // namespace pdf2

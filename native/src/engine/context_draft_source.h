@@ -23,7 +23,6 @@ namespace pdf2 {
 // nothing to draft, so they may go deeper than the drafter's block.
 inline constexpr int kContextTreeNodes = 32;
 inline constexpr int kContextMaxDepth = 32;
-inline constexpr int kContextBranches = 8;  // leaves: each takes a sequence of the target context
 
 // How often a context continuation is right, by the length of the match it came from: per match
 // length m (capped), decayed counts of candidates the committed text reached (weighted by their
@@ -66,9 +65,6 @@ class ContextDraftSource final : public DraftSource {
     // The candidates after the stream's last token, at most req.max_depth deep, calibrated
     // (recomputed only when the stream or the depth changed); none when nothing matches.
     Offer offer(const OfferRequest & req) override;
-
-    // The context's tree alone: the best req.tree_budget nodes, at most req.n deep.
-    void draft(const DraftRequest & req, DraftBlock & out) override;
 
   private:
     void gather(int max_depth);

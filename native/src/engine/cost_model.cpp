@@ -81,23 +81,41 @@ void CostModel::observe_host(bool plain, int rows, double seconds) {
     }
 }
 
-int CostModel::draft_length(const Offer & offer) const {
+namespace {
+PricedOption chain_option(int n, const Price & price) {
+    PricedOption o;
+    o.drafts = n;
+    o.price = price;
+    return o;
+}
+}  // namespace
+
+Decision CostModel::draft_length(const Offer & offer) const {
     const auto max_draft = static_cast<int>(offer.chain_acceptance.size());
-    if (max_draft == 0 || !costs_.measured()) return max_draft;
-    return best_draft_length(offer.chain_acceptance, costs_);
+    if (max_draft == 0 || !costs_.measured()) {
+        Decision d;  // nothing to price: the whole block (none without a proposer)
+        d.what = "draft length";
+        d.options.push_back(chain_option(max_draft, Price{}));
+        d.chosen = 0;
+        return d;
+    }
+    return weigh("draft length", 0, max_draft,
+                 [&](int n) { return chain_option(n, draft_price(offer.chain_acceptance, costs_, n)); });
 }
 
 // Each slot's offer prices a block as if it were decoded alone, where a drafted row costs a
 // fraction of the first (weights are read once). In a batch of many slots on a CPU every row
 // costs about the same, so the common length maximises the batch's rate under the linear model
 // (StepCosts::step_seconds).
-int CostModel::batch_draft_length(const std::vector<const Offer *> & offers) const {
+Decision CostModel::batch_draft_length(const std::vector<const Offer *> & offers) const {
     const int n_slots = static_cast<int>(offers.size());
-    return best_rate(0, max_draft_, [&](int n) {
+    Decision d = weigh("draft length", 0, max_draft_, [&](int n) {
         double tokens = 0.0;
         for (const Offer * o : offers) tokens += expected_tokens(o->chain_acceptance, n);
-        return costs_.price(tokens, n_slots, n + 1, n);
-    }).index;
+        return chain_option(n, costs_.price(tokens, n_slots, n + 1, n));
+    });
+    d.n_slots = n_slots;
+    return d;
 }
 
 int CostModel::schedule_chain(int n) {
@@ -111,9 +129,9 @@ int CostModel::schedule_chain(int n) {
     return n;
 }
 
-int CostModel::tree_budget(const std::vector<const Offer *> & offers, int n_chain, bool chain_probe) {
+Decision CostModel::tree_budget(const std::vector<const Offer *> & offers, int n_chain, bool chain_probe) {
     if (tree_max_budget_ == 0 || offers.empty() || !priced()) {
-        return 0;
+        return Decision{};
     }
     constexpr int PROBE_BUDGET = 4;  // before any tree was seen
     const int n_slots = static_cast<int>(offers.size());
@@ -126,39 +144,58 @@ int CostModel::tree_budget(const std::vector<const Offer *> & offers, int n_chai
     const bool has_trees = !curve.empty();
     if (!has_trees) curve.assign(static_cast<size_t>(tree_max_budget_) + 1, 0.0);
     const auto tree_committed = [&](int b) { return 1.0 + curve[static_cast<size_t>(std::min<int>(b, static_cast<int>(curve.size()) - 1))]; };
-    const Price chain = costs_.price(chain_tokens, n_slots, n_chain + 1, n_chain);
-    const Choice tree = best_rate(1, tree_max_budget_, [&](int b) {
-        return costs_.price(n_slots * tree_committed(b), n_slots, b + 1, max_draft_);
+    // option 0 the chain, option b the tree of b nodes at the block's full depth; the chain first:
+    // a tie keeps it
+    Decision d = weigh("tree or chain", 0, tree_max_budget_, [&](int b) {
+        if (b == 0) return chain_option(n_chain, costs_.price(chain_tokens, n_slots, n_chain + 1, n_chain));
+        PricedOption tree = chain_option(max_draft_, costs_.price(n_slots * tree_committed(b), n_slots, b + 1, max_draft_));
+        tree.tree_budget = b;
+        return tree;
     });
-    const int best_budget = tree.index;
-    // the chain first: a tie keeps it
-    const bool chosen = has_trees && best_budget > 0 &&
-                        best_rate(0, 1, [&](int i) { return i == 0 ? chain : tree.price; }).index == 1;
+    d.n_slots = n_slots;
+    const int best_budget = best_rate(1, tree_max_budget_, [&](int b) { return d.options[static_cast<size_t>(b)].price; }).index;
+    const bool chosen = has_trees && d.chosen > 0;  // (unseen trees are priced at none accepted)
     // a chosen tree restarts the probe schedule; no tree probe while the chain probes (one at a time)
     const bool probe = (chosen || !chain_probe) && tree_probes_.step(chosen);
-    const int budget = chosen                       ? best_budget
-                       : !probe                     ? 0
-                       : has_trees && best_budget > 0 ? best_budget
-                                                     : std::min(PROBE_BUDGET, tree_max_budget_);
+    d.chosen = chosen                         ? best_budget
+               : !probe                       ? 0
+               : has_trees && best_budget > 0 ? best_budget
+                                              : std::min(PROBE_BUDGET, tree_max_budget_);
+    d.probe = probe && !chosen;
     n_tree_probes_ += probe ? 1 : 0;
-    n_tree_steps_ += budget > 0 ? 1 : 0;
-    tree_decision_ = TreeDecision{best_budget, tree_committed(best_budget), n_chain, chain_tokens / n_slots, chosen, true};
+    n_tree_steps_ += d.chosen > 0 ? 1 : 0;
+    tree_decision_ = d;
     tree_curve_ = has_trees ? curve : std::vector<double>{};
     chain_acceptance_ = offers.front()->chain_acceptance;
-    return budget;
+    return d;
 }
 
 // The known candidates are calibrated before any drafting; the merged tree's gain over either
 // side is not (the proposing source's half comes with the propose), so it is priced at the better
 // side's expectation, a lower bound.
-bool CostModel::candidates_alone(const std::vector<double> & e, double proposed, int rows, int n) const {
-    if (!priced()) return e.back() >= proposed;
+Decision CostModel::candidates_alone(const std::vector<double> & e, double proposed, int rows, int n) const {
+    PricedOption alone, merged;
+    alone.merged = merged.merged = merged.propose = true;
+    alone.propose = false;
+    merged.drafts = n;
+    merged.tree_budget = rows - 1;
+    if (!priced()) {
+        Decision d;
+        d.what = "candidates or merged";
+        alone.tree_budget = static_cast<int>(e.size()) - 1;
+        d.options = {alone, merged};
+        d.chosen = e.back() >= proposed ? 0 : 1;
+        return d;
+    }
     const auto known_price = [&](int b) { return costs_.price(1.0 + e[static_cast<size_t>(b)], 1, b + 1, 0); };
     const int known_rows = best_rate(0, static_cast<int>(e.size()) - 1, known_price).index + 1;
     const double known_expected = e[static_cast<size_t>(known_rows - 1)];
-    const Price merged = costs_.price(1.0 + std::max(known_expected, proposed), 1, std::max(known_rows, rows), n);
+    alone.tree_budget = known_rows - 1;
+    alone.price = known_price(known_rows - 1);
+    merged.tree_budget = std::max(known_rows, rows) - 1;
+    merged.price = costs_.price(1.0 + std::max(known_expected, proposed), 1, std::max(known_rows, rows), n);
     // the candidates alone first: a tie keeps them (no propose)
-    return best_rate(0, 1, [&](int i) { return i == 0 ? known_price(known_rows - 1) : merged; }).index == 0;
+    return weigh("candidates or merged", 0, 1, [&](int i) { return i == 0 ? alone : merged; });
 }
 
 int CostModel::tree_prefix(const DraftTree & t) const {
@@ -168,7 +205,7 @@ int CostModel::tree_prefix(const DraftTree & t) const {
 
 // tree_budget = auto: the steps that verified a tree (probes included), the trees' expected
 // accepted drafts per budget b = 1..max and the chain's acceptance the last step weighed, and the
-// tree against the chain as it weighed them, priced for one slot with the costs as they are now
+// tree against the chain as it weighed them
 void CostModel::write_json(JsonWriter & w) const {
     w.key("tree_auto").begin_object();
     w.field("max_budget", tree_max_budget_);
@@ -182,18 +219,21 @@ void CostModel::write_json(JsonWriter & w) const {
     w.key("chain_acceptance").begin_array();
     for (const double a : chain_acceptance_) w.value(a);
     w.end_array();
-    const TreeDecision & d = tree_decision_;
-    if (priced() && d.weighed) {
-        const Price tree = costs_.price(d.tree_committed, 1, d.budget + 1, max_draft_);
-        const Price chain = costs_.price(d.chain_committed, 1, d.chain_n + 1, d.chain_n);
-        w.field("best_budget", d.budget);
-        w.field("tree_expected_tokens", tree.committed);
-        w.field("tree_rate", tree.rate());
-        w.field("chain_n", d.chain_n);
-        w.field("chain_expected_tokens", chain.committed);
-        w.field("chain_rate", chain.rate());
+    // as the last step weighed them (its prices cover its slots: expected tokens per slot)
+    const Decision & d = tree_decision_;
+    if (d.chosen >= 0) {
+        const int best = best_rate(1, tree_max_budget_, [&](int b) { return d.options[static_cast<size_t>(b)].price; }).index;
+        const PricedOption & tree = d.options[static_cast<size_t>(best)];
+        const PricedOption & chain = d.options.front();
+        w.field("best_budget", best);
+        w.field("tree_expected_tokens", tree.price.committed / d.n_slots);
+        w.field("tree_rate", tree.price.rate());
+        w.field("chain_n", chain.drafts);
+        w.field("chain_expected_tokens", chain.price.committed / d.n_slots);
+        w.field("chain_rate", chain.price.rate());
+        // plain decoding's price for one slot now, for reference (the draft length weighed it)
         w.field("plain_rate", costs_.price(1.0, 1, 1, 0).rate());
-        w.field("choice", d.tree_chosen ? "tree" : d.chain_n > 0 ? "chain" : "plain");
+        w.field("choice", d.chosen > 0 && !d.probe ? "tree" : chain.drafts > 0 ? "chain" : "plain");
     }
     w.end_object();
 }

@@ -20,16 +20,6 @@ namespace pdf2 {
 
 class JsonWriter;
 
-// tree_budget = auto: the tree against the chain, as the last step weighed them (per slot).
-struct TreeDecision {
-    int budget = 0;                // the best tree's nodes (0: none priced)
-    double tree_committed = 1.0;   // ... its expected committed tokens a slot
-    int chain_n = 0;               // the chain's drafts (0: plain)
-    double chain_committed = 1.0;
-    bool tree_chosen = false;
-    bool weighed = false;          // a step has weighed them
-};
-
 class CostModel {
   public:
     CostModel() = default;
@@ -57,24 +47,27 @@ class CostModel {
     void observe_device(bool plain, int n_slots, int rows, int extra_heads, double seconds);
 
     // The choices, over the offers of proposing sources (their chain acceptance and tree curves).
-    // One slot's draft length, alone (unmeasured: the whole block)
-    int draft_length(const Offer & offer) const;
+    // Each returns every option it weighed, priced, and the one it chose (step_price.h's Decision):
+    // the planner acts on the chosen option and the stats report the decision as it was made.
+    // One slot's draft length, alone: plain or a chain of 1..the block (unmeasured: the whole block)
+    Decision draft_length(const Offer & offer) const;
     // the drafts every decoding slot verifies: the best batch rate under the linear model of rows
-    int batch_draft_length(const std::vector<const Offer *> & offers) const;
+    Decision batch_draft_length(const std::vector<const Offer *> & offers) const;
     // the probe schedule of chains: n, or a probe while plain decoding has lasted
     int schedule_chain(int n);
     bool chain_probing() const { return chain_probing_; }
-    // tree_budget = auto: this step's budget for the decoding slots (0: the chain's n_chain drafts)
-    int tree_budget(const std::vector<const Offer *> & offers, int n_chain, bool chain_probe);
+    // tree_budget = auto: the chain of n_chain drafts (option 0) against trees of b = 1..max nodes
+    // (option b) for the decoding slots; a tree is chosen for its price or as a probe
+    Decision tree_budget(const std::vector<const Offer *> & offers, int n_chain, bool chain_probe);
     // Known candidates: e[b] = their expected accepted drafts in their best tree of b nodes (b =
     // 0..); `proposed` what the proposing sources expect of the block they would draft (n drafts,
-    // `rows` verify rows with the anchor). True: the candidates' tree alone (no propose) commits at
-    // least the merged tree's rate.
-    bool candidates_alone(const std::vector<double> & e, double proposed, int rows, int n) const;
+    // `rows` verify rows with the anchor). Option 0: the candidates' tree alone (no propose), chosen
+    // when it commits at least the merged tree's rate (option 1).
+    Decision candidates_alone(const std::vector<double> & e, double proposed, int rows, int n) const;
     // a merged tree's first nodes to verify (the best prefix; all when unpriced)
     int tree_prefix(const DraftTree & t) const;
 
-    // The model's state and the tree against the chain as last weighed (stats' "tree_auto").
+    // The model's state and the tree against the chain as the last step weighed it (stats' "tree_auto").
     void write_json(JsonWriter & w) const;
 
   private:
@@ -100,7 +93,7 @@ class CostModel {
     int tree_max_budget_ = 0;
     ProbeSchedule chain_probes_, tree_probes_;  // one for the engine each, counted in steps
     bool chain_probing_ = false;
-    TreeDecision tree_decision_;
+    Decision tree_decision_;  // the last step's tree against the chain
     std::vector<double> tree_curve_, chain_acceptance_;  // what the last weighing read (stats)
     int64_t n_tree_steps_ = 0, n_tree_probes_ = 0;
 };

@@ -50,16 +50,6 @@ Price draft_price(const std::vector<double> & acceptance, const StepCosts & cost
     return costs.price(expected_tokens(acceptance, n), 1, n + 1, n);
 }
 
-double expected_rate(const std::vector<double> & acceptance, const StepCosts & costs, int n) {
-    return costs.measured() ? draft_price(acceptance, costs, n).rate() : 0.0;
-}
-
-int best_draft_length(const std::vector<double> & acceptance, const StepCosts & costs) {
-    if (!costs.measured()) return 0;
-    return best_rate(0, static_cast<int>(acceptance.size()),
-                     [&](int n) { return draft_price(acceptance, costs, n); }).index;
-}
-
 double DraftLengthPolicy::expected_tokens(int n) const { return pdf2::expected_tokens(acceptance(), n); }
 
 }  // namespace pdf2

@@ -15,11 +15,6 @@ namespace pdf2 {
 double expected_tokens(const std::vector<double> & acceptance, int n);
 // One slot's step with n drafts, priced: expected_tokens against a verify of n+1 rows + drafting n.
 Price draft_price(const std::vector<double> & acceptance, const StepCosts & costs, int n);
-// Committed tokens per second with n drafts on one slot: expected_tokens / (verify of n+1 rows +
-// drafting n), priced by the cost model; 0 without measured costs.
-double expected_rate(const std::vector<double> & acceptance, const StepCosts & costs, int n);
-// The n (0..acceptance.size()) with the best expected rate; ties keep the smaller n.
-int best_draft_length(const std::vector<double> & acceptance, const StepCosts & costs);
 
 class DraftLengthPolicy {
   public:

@@ -12,6 +12,14 @@ double Offer::expected(const OfferRequest & req) const {
     return expected_tokens(chain_acceptance, req.n_drafts) - 1.0;
 }
 
+void DraftSource::draft(const DraftRequest & req, DraftBlock & out) {
+    OfferRequest o;
+    o.max_depth = req.n;
+    std::vector<const ScoredNodes *> nodes(static_cast<size_t>(index_) + 1, nullptr);
+    nodes.back() = offer(o).nodes;
+    out.set_merged(merge_draft_trees(nodes, req.tree_budget, req.max_leaves > 0 ? req.max_leaves : kContextBranches));
+}
+
 std::vector<int32_t> DraftSource::own_nodes(const DraftBlock & b) const {
     std::vector<int32_t> out;
     if (!b.is_tree) return out;

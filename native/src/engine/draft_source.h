@@ -31,8 +31,8 @@ struct DraftRequest {
     int n = 0;
     int tree_budget = 0;
     TargetSampler * sampler = nullptr;  // the request's chain: its law, grammar and generator
-    // a merged tree (merged_draft_source.h): its candidate paths' depth and its leaves, and which
-    // sources it merges (bits by source index, as DraftBlock::origin)
+    // a merged tree (merged_draft_source.h): its candidate paths' depth, and which sources it merges
+    // (bits by source index, as DraftBlock::origin); a tree's leaves at most (0: the source's own bound)
     int depth = 0;
     int max_leaves = 0;
     uint32_t merge = 0;
@@ -167,8 +167,11 @@ class DraftSource {
     virtual void finish() {}
     // What it could get accepted after the stream's last token (Offer).
     virtual Offer offer(const OfferRequest & req) = 0;
-    // The next block for req (n > 0); out was cleared.
-    virtual void draft(const DraftRequest & req, DraftBlock & out) = 0;
+    // The next block for req (n > 0); out was cleared. The default is for a source whose candidates
+    // are known: its offer's best req.tree_budget nodes, at most req.n deep, at most req.max_leaves
+    // leaves (0: kContextBranches), the tree the merged one (merged_draft_source.h) makes of its
+    // offer alone; a proposing source, or one that also drafts chains, overrides it.
+    virtual void draft(const DraftRequest & req, DraftBlock & out);
     // What verification committed, told to every source of the slot: one that learns from it
     // overrides this (the dispatcher counts the source's nodes itself).
     virtual void accept(const Verified & v) { (void)v; }

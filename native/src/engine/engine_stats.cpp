@@ -14,12 +14,18 @@ void StatsRecorder::start(SlotStats & st, int64_t n_prompt, int64_t n_reused, in
     stats_.n_prompt_reused += n_reused;
 }
 
-void StatsRecorder::ran(SlotStats & st, const std::string & plan, double expected, int committed) {
+void StatsRecorder::ran(SlotStats & st, const std::string & plan, double expected, int committed, double rate,
+                        double plain_rate) {
     auto it = std::find_if(st.plans.begin(), st.plans.end(), [&](const PlanRun & r) { return r.plan == plan; });
-    if (it == st.plans.end()) it = st.plans.insert(st.plans.end(), PlanRun{plan, 0, 0.0, 0});
+    if (it == st.plans.end()) it = st.plans.insert(st.plans.end(), PlanRun{plan});
     it->steps += 1;
     it->expected += expected;
     it->committed += committed;
+    if (rate > 0.0) {
+        it->priced_steps += 1;
+        it->rate += rate;
+        it->plain_rate += plain_rate;
+    }
 }
 
 void StatsRecorder::timed_decode(int rows, double seconds, bool fed) {

@@ -5,9 +5,11 @@
 #pragma once
 
 #include "engine/step_ledger.h"
+#include "engine/step_price.h"
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pdf2 {
@@ -20,6 +22,10 @@ struct PlanRun {
     int64_t steps = 0;
     double expected = 0.0;  // summed over its steps
     int64_t committed = 0;
+    // its steps that ran it as the cost model chose and priced it (no cap or probe changed it), and
+    // the rates it priced it and plain decoding at there (the slot's share, summed over those steps)
+    int64_t priced_steps = 0;
+    double rate = 0.0, plain_rate = 0.0;
 };
 
 // One request's counters on its slot (reset by start()).
@@ -37,6 +43,7 @@ struct SlotStats {
     int64_t n_context_steps = 0;    // steps that verified a merged or candidates-only tree
     int64_t n_propose_skipped = 0;  // ... of which without the drafter's propose (candidates alone)
     std::vector<PlanRun> plans;     // the plans its verify steps ran, in order of first use
+    Decision decision;              // the cost model's last decision its plan came from
 };
 
 // Engine-wide counters since creation (the server turns them into metrics).
@@ -58,6 +65,7 @@ struct BatchStats {
     // measured table is checked (benchmarks/speculation_tax.py). fed: ... of which fed the drafter.
     std::vector<int64_t> decodes_by_rows, fed_decodes_by_rows;
     std::vector<double> decode_s_by_rows, fed_decode_s_by_rows;
+    std::vector<Decision> decisions;  // the cost model's, at the last step that verified drafts or plain rows
     StepLedger ledger;  // where the steps' time went (step_ledger.h)
     int64_t n_graph_builds = 0;
 };
@@ -90,8 +98,12 @@ class StatsRecorder {
     void drafted(SlotStats & st, int depth, int n_drafted, int k);
     void block(SlotStats & st, int n, bool tree);
     void merged_step(SlotStats & st, bool propose_skipped);  // a merged or candidates-only tree drafted
-    // a verify step of the request ran `plan`, expected to commit `expected` tokens, and committed these
-    void ran(SlotStats & st, const std::string & plan, double expected, int committed);
+    // a verify step of the request ran `plan`, expected to commit `expected` tokens, and committed
+    // these; rate > 0: the cost model priced it so (plain decoding at plain_rate)
+    void ran(SlotStats & st, const std::string & plan, double expected, int committed, double rate, double plain_rate);
+    // the cost model's decisions of a step (the engine's), and the one a request's plan came from
+    void step_decided(std::vector<Decision> && decisions) { stats_.decisions = std::move(decisions); }
+    void decided(SlotStats & st, const Decision & d) { st.decision = d; }
 
   private:
     BatchStats stats_;

@@ -30,6 +30,7 @@ void MergedDraftSource::draft(SlotSources & sources, const DraftRequest & req, D
     // the proposing sources draft first (their nodes come with the propose), at the drafter's depth
     double propose_s = 0.0, graph_setup_s = 0.0, select_s = 0.0;
     int64_t n_graph_builds = 0;
+    bool proposed = false;
     for (int i = 0; i < sources.size(); ++i) {
         if (!offers[static_cast<size_t>(i)].proposes()) continue;
         offers[static_cast<size_t>(i)].nodes = nullptr;
@@ -39,6 +40,7 @@ void MergedDraftSource::draft(SlotSources & sources, const DraftRequest & req, D
         own.merge = 1u << i;
         DraftBlock block;
         sources.draft(i, own, block);
+        proposed = true;
         propose_s += block.propose_s;
         graph_setup_s += block.graph_setup_s;
         select_s += block.select_s;
@@ -48,6 +50,18 @@ void MergedDraftSource::draft(SlotSources & sources, const DraftRequest & req, D
     const auto t_merge = Clock::now();
     std::vector<const ScoredNodes *> nodes;
     for (const Offer & o : offers) nodes.push_back(o.nodes);
+    const auto known = [](const ScoredNodes * n) { return n != nullptr; };
+    if (!proposed && std::count_if(nodes.begin(), nodes.end(), known) == 1) {
+        // one source's candidates alone: its own draft() (DraftSource's contract: its offer's tree,
+        // the same nodes the merge below would make of them)
+        DraftRequest own = req;
+        own.n = req.depth;
+        own.depth = 0;
+        out.clear();
+        sources.draft(static_cast<int>(std::find_if(nodes.begin(), nodes.end(), known) - nodes.begin()), own, out);
+        out.seconds = seconds_since(t0);
+        return;
+    }
     MergedTree m = merge_draft_trees(nodes, req.tree_budget, req.max_leaves);
     // the drafters' timings stay; merging is selection
     out.clear();

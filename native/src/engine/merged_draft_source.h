@@ -21,7 +21,8 @@ class MergedDraftSource {
     std::vector<double> expected_accepted(SlotSources & sources, int max_depth, int max_nodes, int max_leaves);
     // req.n > 0: the proposing sources draft their block of req.n drafts (a tree of req.tree_budget
     // nodes when they have a lattice) first, merged with the known offers; req.n == 0: the known
-    // offers alone. At most req.tree_budget nodes and req.max_leaves leaves, paths at most req.depth deep.
+    // offers alone (one source's alone: its own draft(), the same tree). At most req.tree_budget
+    // nodes and req.max_leaves leaves, paths at most req.depth deep.
     void draft(SlotSources & sources, const DraftRequest & req, DraftBlock & out);
 };
 

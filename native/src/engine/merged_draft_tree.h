@@ -22,6 +22,9 @@ namespace pdf2 {
 // Which sources drafted a node: bit i for source index i (draft_sources.h numbers them in the
 // order they were added); a node several propose has several bits.
 inline constexpr int kMaxSources = 8;
+// The leaves of a tree of known candidates (the context's, a merged tree without propose): each
+// takes a sequence of the target context.
+inline constexpr int kContextBranches = 8;
 
 // One source's candidates: nodes parent before child, tokens distinct among siblings.
 struct ScoredNodes {

@@ -43,10 +43,7 @@ class PromptEchoDraftSource final : public DraftSource {
 
     void draft(const DraftRequest & req, DraftBlock & out) override {
         if (req.tree_budget > 0) {
-            gather(req.n, kMaxBranches);
-            std::vector<const ScoredNodes *> sources(static_cast<size_t>(index()) + 1, nullptr);
-            sources.back() = &offered_;
-            out.set_merged(merge_draft_trees(sources, req.tree_budget, kMaxBranches));
+            DraftSource::draft(req, out);  // its offer's tree, as any source with known candidates
             return;
         }
         gather(req.n, 1);

@@ -44,14 +44,6 @@ Offer RepeatDraftSource::offer(const OfferRequest & req) {
     return o;
 }
 
-void RepeatDraftSource::draft(const DraftRequest & req, DraftBlock & out) {
-    std::vector<const ScoredNodes *> sources(static_cast<size_t>(index()) + 1, nullptr);
-    OfferRequest o;
-    o.max_depth = req.n;
-    sources.back() = offer(o).nodes;
-    out.set_merged(merge_draft_trees(sources, req.tree_budget, 1));
-}
-
 void RepeatDraftSource::accept(const Verified & v) {
     // the offer's tokens against the committed ones: each reached token was taken or not
     for (size_t d = 0; d < v.n_committed && d < offered_.token.size(); ++d) {

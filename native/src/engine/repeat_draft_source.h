@@ -19,7 +19,6 @@ class RepeatDraftSource final : public DraftSource {
     void begin(const SourceStart & start) override;
     // the run continued, one chain, each token at the learned acceptance of a repeat
     Offer offer(const OfferRequest & req) override;
-    void draft(const DraftRequest & req, DraftBlock & out) override;
     // the committed tokens join the stream; the last offer learns how far they followed it
     void accept(const Verified & v) override;
 

@@ -4,6 +4,13 @@
 
 namespace pdf2 {
 
+std::string plan_name(int drafts, int tree_budget, bool merged, bool propose) {
+    if (merged) return propose ? "merged tree" : "candidates' tree";
+    if (drafts <= 0) return "plain";
+    if (tree_budget > 0) return "tree of " + std::to_string(tree_budget);
+    return "chain of " + std::to_string(drafts);
+}
+
 double StepCosts::draft_seconds(int n) const {
     if (n <= 0 || draft_s.empty()) {
         return 0.0;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 namespace pdf2 {
@@ -40,6 +41,45 @@ template <class PriceOf> Choice best_rate(int first, int last, PriceOf price) {
         if (best.index < 0 || r > best.rate) best = {i, r, p};
     }
     return best;
+}
+
+// What a plan is called (the stats' PlanRun names): "plain", "chain of 3", "tree of 16", the known
+// candidates' tree alone ("candidates' tree") or merged with the proposer's block ("merged tree").
+std::string plan_name(int drafts, int tree_budget, bool merged = false, bool propose = false);
+
+// One option a choice weighed: the plan it names and its price (unpriced: 1 token, 0 seconds).
+struct PricedOption {
+    int drafts = 0;       // the chain's drafts (a tree: the block's depth)
+    int tree_budget = 0;  // > 0: a tree of this many nodes
+    bool merged = false;  // the known candidates' tree, with the proposer's block (propose) or alone
+    bool propose = false;
+    Price price;
+    std::string name() const { return plan_name(drafts, tree_budget, merged, propose); }
+};
+
+// A choice the cost model made: every option it weighed, each priced, and the one it took. The
+// planner acts on the chosen option; the stats report the step's decisions as they were made.
+struct Decision {
+    const char * what = "";  // "draft length", "tree or chain", "candidates or merged"
+    int slot = -1;           // the slot it was made for (-1: every decoding slot)
+    int n_slots = 1;         // the slots its prices cover (committed: summed over them)
+    std::vector<PricedOption> options;
+    int chosen = -1;         // index in options (-1: nothing weighed)
+    bool priced = false;     // the options carry prices (else the default was taken)
+    bool probe = false;      // chosen as a probe, not for its price
+    const PricedOption * choice() const { return chosen < 0 ? nullptr : &options[static_cast<size_t>(chosen)]; }
+};
+
+// Options first..last (option(i) -> PricedOption, its price set) weighed: the chosen one is
+// best_rate's (ties keep the earliest).
+template <class OptionOf> Decision weigh(const char * what, int first, int last, OptionOf option) {
+    Decision d;
+    d.what = what;
+    d.priced = true;
+    for (int i = first; i <= last; ++i) d.options.push_back(option(i));
+    d.chosen = best_rate(0, static_cast<int>(d.options.size()) - 1,
+                         [&](int k) { return d.options[static_cast<size_t>(k)].price; }).index;
+    return d;
 }
 
 // Host work a step does that the measured tables leave out (the step ledger's host parts:
