@@ -281,9 +281,10 @@ class Speculator:
     # ------------------------------------------------------------ engine
 
     def set_costs(self, verify_s: Sequence[float], draft_s: Sequence[float], plain_s: float = 0.0,
-                  learn: bool = False, head_s: float = 0.0) -> None:
-        """The cost model's tables (NativeEngine.set_costs); learn: the steps as they run correct them."""
-        self._native.set_costs(verify_s, draft_s, plain_s, learn, head_s)
+                  learn: bool = False, head_s: float = 0.0, verify_full_s: Sequence[float] | None = None) -> None:
+        """The cost model's tables (NativeEngine.set_costs); learn: the steps as they run correct them;
+        verify_full_s: the verifies with the full LM head, to choose the head by."""
+        self._native.set_costs(verify_s, draft_s, plain_s, learn, head_s, verify_full_s)
 
     def measure_costs(self, prompt_tokens: Sequence[int], reps: int = 5) -> dict[str, list[float]]:
         """Times target decodes of 1..max_verify_rows tokens and drafter blocks after prompt_tokens."""
