@@ -476,6 +476,10 @@ class Speculator:
             inject_s=spent("inject_s"),
             lazy_head=bool(e["lazy_head"]),
             lazy_head_rows=int(e["lazy_head_rows"] - engine0["lazy_head_rows"]),
+            # the LM head the verifies ran ("lazy", "full", "full up to N rows") and how it was chosen
+            # ("costs": the measured tables; "set"; "only")
+            head=str(e["head"]),
+            head_chosen_by=str(e["head_chosen_by"]),
             drafter_graph_builds=int(e["drafter_graph_builds"] - engine0["drafter_graph_builds"]),
             n_max="auto" if self.n_max == "auto" else int(self.n_max),
             tree_budget="auto" if self.tree_auto else self.tree_budget,
