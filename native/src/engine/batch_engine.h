@@ -369,6 +369,7 @@ class BatchEngine {
     int full_head_rows_ = 0;
     HeadChoice head_choice_;
     void apply_costs();  // the cost model's tables for the head chosen from given_costs_
+    double timed_verify(int slot, int b, bool lazy, bool & cut_seen, std::vector<double> & head_times);
     SourceKit source_kit_;  // what each kind of draft source learns over all slots (before slots_: they hold it)
     std::vector<Slot> slots_;
     int max_draft_ = 0;

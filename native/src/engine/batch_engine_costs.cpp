@@ -53,6 +53,46 @@ void BatchEngine::set_lazy_head_group(int32_t rows) {
     apply_costs();
 }
 
+namespace {
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+std::vector<double> medians(const std::vector<std::vector<double>> & samples) {
+    std::vector<double> out(samples.size(), 0.0);
+    for (size_t i = 0; i < samples.size(); ++i) out[i] = samples[i].empty() ? 0.0 : median(samples[i]);
+    return out;
+}
+}  // namespace
+
+// A verify decode of b rows on the slot as measure_costs times it (above): the second of two in a
+// row, as a verify runs it (with a lazy head, the decode plus the head of its first row); with a
+// lazy head, one more row read times the head's product (into head_times), and cut_seen notes a
+// decode that stopped before the head. The rows are removed again.
+double BatchEngine::timed_verify(int slot, int b, bool lazy, bool & cut_seen, std::vector<double> & head_times) {
+    Slot & s = slot_at(slot);
+    llama_memory_t mem = llama_get_memory(ctx_.ctx);
+    double t = 0.0;
+    for (int k = 0; k < 2; ++k) {
+        batch_.n_tokens = 0;
+        for (int j = 0; j < b; ++j) {
+            add_row(s.seq.anchor, s.seq.pos + j, slot, true);
+        }
+        const auto t0 = Clock::now();
+        decode_batch(false, lazy);
+        (void) row_logits(0);
+        t = seconds_since(t0);
+        cut_seen = cut_seen || (lazy && target_.last_decode_lazy());
+        if (k == 1 && lazy && target_.last_decode_lazy()) {
+            const auto t1 = Clock::now();
+            (void) row_logits(1);
+            head_times.push_back(seconds_since(t1));
+        }
+        llama_memory_seq_rm(mem, slot, s.seq.pos, -1);
+    }
+    return t;
+}
+
 void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify_s, std::vector<double> & draft_s,
                                 double & plain_s, double & head_s, std::vector<double> & verify_full_s) {
     Slot & s = slot_at(slot);
@@ -65,7 +105,6 @@ void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify
         throw Error("context too small to measure costs");
     }
     flush_rows(s);
-    llama_memory_t mem = llama_get_memory(ctx_.ctx);
     const BatchStats saved = stats_.save();  // measuring is no request's work
     // the head one row at a time: head_s is one more row's product, and where the steps then run
     // it in groups (TargetRunner::head_rows) they cost less than priced, never more
@@ -86,28 +125,7 @@ void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify
     // decode before), and priced at the median over the reps; the sizes take turns within each rep
     // so that machine noise spreads over them alike. (Timed cold, after a decode of another size,
     // the plain step cost 10.5 ms against 7-8.6 ms in use: SmolLM2, 2 threads.)
-    auto timed_decode = [&](int b, bool lazy) {
-        double t = 0.0;
-        for (int k = 0; k < 2; ++k) {
-            batch_.n_tokens = 0;
-            for (int j = 0; j < b; ++j) {
-                add_row(s.seq.anchor, s.seq.pos + j, slot, true);
-            }
-            // as a verify runs it: with a lazy head, the decode plus the head of its first row
-            const auto t0 = Clock::now();
-            decode_batch(false, lazy);
-            (void) row_logits(0);
-            t = seconds_since(t0);
-            cut_seen = cut_seen || (lazy && target_.last_decode_lazy());
-            if (k == 1 && lazy && target_.last_decode_lazy()) {  // one more row read: the head's product
-                const auto t1 = Clock::now();
-                (void) row_logits(1);
-                ht.push_back(seconds_since(t1));
-            }
-            llama_memory_seq_rm(mem, slot, s.seq.pos, -1);
-        }
-        return t;
-    };
+    auto timed_decode = [&](int b, bool lazy) { return timed_verify(slot, b, lazy, cut_seen, ht); };
     for (int r = 0; r < reps; ++r) {
         if (feed_drafters_) {  // the plain step: one row whose features the drafter goes without
             feed_rows_ = false;
@@ -134,19 +152,13 @@ void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify
             dt[static_cast<size_t>(n - 1)].push_back(seconds_since(t0));
         }
     }
-    auto median = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        return v[v.size() / 2];
-    };
-    verify_s.assign(vt.size(), 0.0);
-    draft_s.assign(dt.size(), 0.0);
-    for (size_t i = 0; i < vt.size(); ++i) verify_s[i] = median(vt[i]);
-    verify_full_s.assign(ft.size(), 0.0);
-    for (size_t i = 0; i < ft.size(); ++i) {
-        verify_full_s[i] = ft[i].empty() ? verify_s[i] : std::max(1e-6, verify_s[i] + median(ft[i]));
+    verify_s = medians(vt);
+    draft_s = medians(dt);
+    // the full head at the lazy table plus the pairs' median difference; none where no decode was cut
+    verify_full_s = cut_seen ? medians(ft) : std::vector<double>{};
+    for (size_t i = 0; i < verify_full_s.size(); ++i) {
+        verify_full_s[i] = i == 0 ? verify_s[0] : std::max(1e-6, verify_s[i] + verify_full_s[i]);
     }
-    if (!cut_seen) verify_full_s.clear();  // the lazy head cannot run here: every decode has the full head
-    for (size_t i = 0; i < dt.size(); ++i) draft_s[i] = median(dt[i]);
     plain_s = pt.empty() ? 0.0 : median(pt);
     head_s = ht.empty() ? 0.0 : median(ht);
     target_.set_feeding(true);
