@@ -12,6 +12,9 @@ prompt by prompt so that machine noise hits every configuration alike, with the 
 - context alone: context drafts without a drafter (the cost model prices each step's tree);
 - merged tree 16: the lattice's and the context's candidates in one tree of 16 nodes;
 - auto: what `pydflash2 generate` runs by default (n_max auto, context drafts "request");
+- auto, lazy head / auto, full head: auto with the verifies' LM head set instead of chosen from the
+  measured costs (NativeEngine.set_head_mode: cut before the head and run per row read, or every
+  row's head in the decode's graph); the table's head column says what each configuration ran;
 - perfect drafts (asked by name only): a bound, not a configuration: context drafts alone whose
   global cache already holds this prompt's answer (each prompt run twice, the second counted), so
   every step can draft the exact continuation and the cost model only chooses how deep; what
@@ -61,6 +64,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "context alone": {"n_max": 0, "context_drafts": "request"},
     "merged tree 16": {"draft": True, "n_max": 7, "tree_budget": 16, "context_drafts": "request"},
     "auto": {"draft": True, "n_max": "auto", "context_drafts": "request"},
+    "auto, lazy head": {"draft": True, "n_max": "auto", "context_drafts": "request", "head": "lazy"},
+    "auto, full head": {"draft": True, "n_max": "auto", "context_drafts": "request", "head": "full"},
 }
 
 
@@ -88,7 +93,20 @@ def make_speculator(llm: Any, draft: str, name: str, **kwargs: Any) -> Any:
 
     conf = dict(CONFIGS[name])
     uses_drafter = conf.pop("draft", False)
-    return Speculator(llm, draft if uses_drafter else None, **conf, **(kwargs if uses_drafter else {}))
+    head = conf.pop("head", None)
+    spec = Speculator(llm, draft if uses_drafter else None, **conf, **(kwargs if uses_drafter else {}))
+    if head is not None:
+        spec._native.set_head_mode(head)
+    return spec
+
+
+def head_of(spec: Any) -> str:
+    """The LM head the configuration's verifies run (engine_stats' "head"), "-" where none is chosen."""
+    try:
+        return str(spec.engine_stats()["head"])
+    except (AttributeError, KeyError):
+        return "-"
+
 
 
 def run_interleaved(specs: dict[str, Any], prompts: list[list[int]], max_tokens: int,
@@ -147,8 +165,9 @@ def main() -> int:
     make["plain, flash off"] = lambda: Speculator(load_target(model, n_ctx=args.n_ctx, n_threads=args.threads)[0],
                                                   None, n_max=0)
     make["perfect drafts"] = lambda: PerfectDrafts(llm)
+    # (a name with a comma in it is found in the list as written)
     names = [c for c in ["plain", "plain, flash off", *CONFIGS, "perfect drafts"] if c in args.configs.split(",") or
-             c == "plain, flash off" and c in args.configs]
+             "," in c and c in args.configs]
     names = list(dict.fromkeys(names))
     specs = {name: make[name]() for name in names}
     sets = load_sets(args.n_prompts)
@@ -165,8 +184,8 @@ def main() -> int:
             print(f"\n{set_name}, {len(prompts)} prompts, T={temp:g} ({time.time() - t0:.0f} s, load average "
                   f"{os.getloadavg()[0]:.1f})")
             print("| configuration | tau | tau vs plain | tok/s | vs plain | lattice acc/drafted | context acc/drafted "
-                  "| no-propose steps | acceptance per depth 1..8 |")
-            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+                  "| no-propose steps | acceptance per depth 1..8 | head |")
+            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
             summary = {name: summarize(stats) for name, stats in runs.items()}
             base = summary.get("plain")
             for name, r in summary.items():
@@ -175,7 +194,7 @@ def main() -> int:
                 print(f"| {name} | {r['tau']:.2f} | {vs_tau} | {r['rate']:.1f} | {vs_rate} "
                       f"| {r['lattice_accepted']}/{r['lattice_drafted']} "
                       f"| {r['context_accepted']}/{r['context_drafted']} "
-                      f"| {r['propose_skipped']} | {r['acc'] or '-'} |")
+                      f"| {r['propose_skipped']} | {r['acc'] or '-'} | {head_of(specs[name])} |")
             dump[f"{set_name} T={temp:g}"] = summary
             sys.stdout.flush()
     if args.json:

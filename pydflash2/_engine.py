@@ -277,6 +277,15 @@ class NativeEngine:
         check(lib.pdf2_batch_engine_set_context_cache_limits(self._h, int(max_keys), int(max_documents),
                                                              int(max_tokens)), "set_context_cache_limits")
 
+    def set_head_mode(self, mode: str) -> None:
+        """Which LM head the verifies run: "auto" (chosen from the measured costs: engine_stats' "head"
+        and "head_chosen_by"), "lazy" (cut before the head, each row's run as the verify reads it) or
+        "full" (every verify row's head in the decode's graph)."""
+        codes = {"auto": 0, "lazy": 1, "full": 2}
+        if mode not in codes:
+            raise ValueError(f"head mode must be one of {sorted(codes)}, got {mode!r}")
+        check(lib.pdf2_batch_engine_set_head_mode(self._h, codes[mode]), "set_head_mode")
+
     def set_lazy_head_group(self, rows: int) -> None:
         """Rows per lazy LM head product: 1, 8 (a group), or 0 (the engine times both and chooses)."""
         check(lib.pdf2_batch_engine_set_lazy_head_group(self._h, int(rows)), "set_lazy_head_group")
@@ -315,35 +324,45 @@ class NativeEngine:
     # ------------------------------------------------------------ costs
 
     def set_costs(self, verify_s: Sequence[float], draft_s: Sequence[float], plain_s: float = 0.0,
-                  learn: bool = False, head_s: float = 0.0) -> None:
+                  learn: bool = False, head_s: float = 0.0, verify_full_s: Sequence[float] | None = None) -> None:
         """verify_s[B-1]: a decode of B rows; draft_s[n-1]: drafting n; plain_s: the plain step without the
         drafter's features (0: unknown), the baseline the cost model prices plain decoding at; head_s: the
         lazy LM head's product for one more row a verify reads (0: none; a verify committing k tokens reads
         k rows, its table entry one). learn: the
         costs were measured on this machine, and the steps as they run correct them (a plain step's price
-        becomes what plain steps take; other decodes' the table scaled by what verify steps take)."""
+        becomes what plain steps take; other decodes' the table scaled by what verify steps take).
+        verify_full_s: the same decodes with every row's LM head in the decode's graph (the full head;
+        None or zeros: not measured); with it the engine chooses the head the verifies run
+        (set_head_mode) and prices with that head's table."""
         v = np.ascontiguousarray(verify_s, dtype=np.float64)
         d = np.ascontiguousarray(draft_s, dtype=np.float64)
+        f = np.ascontiguousarray(verify_full_s if verify_full_s else [], dtype=np.float64)
         check(lib.pdf2_batch_engine_set_costs(self._h, ffi.from_buffer("double[]", v), len(v),
                                               ffi.from_buffer("double[]", d), len(d), float(plain_s),
-                                              float(head_s), int(bool(learn))), "set_costs")
+                                              float(head_s), int(bool(learn)),
+                                              ffi.from_buffer("double[]", f) if len(f) else ffi.NULL, len(f)),
+              "set_costs")
 
     def measure_costs(self, prompt: Sequence[int], reps: int = 5) -> dict[str, list[float]]:
         """Times target decodes of 1..max_verify_rows tokens, drafter blocks and the plain step without
-        the drafter's features after `prompt` (prefilled on slot 0, which must be idle)."""
+        the drafter's features after `prompt` (prefilled on slot 0, which must be idle); where the lazy
+        LM head can run, verify_s holds its decodes and verify_full_s the full head's (else zeros)."""
         self.start(0, prompt, SamplingRequest())
         try:
             while not self.step()[0]:
                 pass  # prefill slot 0
             v = np.zeros(self.max_verify_rows, dtype=np.float64)
             d = np.zeros(self.max_draft, dtype=np.float64)
+            f = np.zeros(self.max_verify_rows, dtype=np.float64)
             plain, head = ffi.new("double *"), ffi.new("double *")
             check(lib.pdf2_batch_engine_measure_costs(self._h, 0, reps, ffi.from_buffer("double[]", v), len(v),
-                                                      ffi.from_buffer("double[]", d), len(d), plain, head),
+                                                      ffi.from_buffer("double[]", d), len(d), plain, head,
+                                                      ffi.from_buffer("double[]", f)),
                   "measure_costs")
         finally:
             self.stop(0)
-        return {"verify_s": v.tolist(), "draft_s": d.tolist(), "plain_s": float(plain[0]), "head_s": float(head[0])}
+        return {"verify_s": v.tolist(), "draft_s": d.tolist(), "plain_s": float(plain[0]), "head_s": float(head[0]),
+                "verify_full_s": f.tolist() if f.any() else []}
 
     def use_measured_costs(self, *, model_path: str, draft_path: str, device: str, n_threads: int,
                            lazy_head: bool, tokenize: Callable[[bytes], Sequence[int]], n_ctx: int,
@@ -359,5 +378,5 @@ class NativeEngine:
         costs = draft_costs.load_or_measure(key, self.max_verify_rows, self.max_draft,
                                             lambda: run(lambda: self.measure_costs(prompt)))
         self.set_costs(costs["verify_s"], costs["draft_s"], costs.get("plain_s", 0.0), learn=True,
-                       head_s=costs.get("head_s", 0.0))
+                       head_s=costs.get("head_s", 0.0), verify_full_s=costs.get("verify_full_s") or None)
         return costs

@@ -21,7 +21,8 @@ from typing import Any
 # 4: every size timed alike, as the second of two decodes of its size; the capture path in the key
 # (the taps no longer switched off for a plain step: issue 57).
 # 5: the lazy head's products in groups where a group costs about one row (the verify sizes hold it).
-_METHOD = "5"
+# 6: the full head's decodes beside the lazy head's (verify_full_s), the engine choosing between them.
+_METHOD = "6"
 
 # Any text will do: costs depend on lengths, not on words.
 _WARMUP_TEXT = "The quick brown fox jumps over the lazy dog while the target model verifies a drafted block. " * 4
@@ -90,6 +91,7 @@ def load_or_measure(key: str, n_verify: int, n_draft: int, measure: Callable[[],
         and len(entry.get("verify_s", [])) == n_verify
         and len(entry.get("draft_s", [])) == n_draft
         and "head_s" in entry  # (entries from before the plain baseline and the head cost are measured again)
+        and "verify_full_s" in entry
     ):
         return entry
     entry = measure()

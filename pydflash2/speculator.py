@@ -281,9 +281,10 @@ class Speculator:
     # ------------------------------------------------------------ engine
 
     def set_costs(self, verify_s: Sequence[float], draft_s: Sequence[float], plain_s: float = 0.0,
-                  learn: bool = False, head_s: float = 0.0) -> None:
-        """The cost model's tables (NativeEngine.set_costs); learn: the steps as they run correct them."""
-        self._native.set_costs(verify_s, draft_s, plain_s, learn, head_s)
+                  learn: bool = False, head_s: float = 0.0, verify_full_s: Sequence[float] | None = None) -> None:
+        """The cost model's tables (NativeEngine.set_costs); learn: the steps as they run correct them;
+        verify_full_s: the verifies with the full LM head, to choose the head by."""
+        self._native.set_costs(verify_s, draft_s, plain_s, learn, head_s, verify_full_s)
 
     def measure_costs(self, prompt_tokens: Sequence[int], reps: int = 5) -> dict[str, list[float]]:
         """Times target decodes of 1..max_verify_rows tokens and drafter blocks after prompt_tokens."""
@@ -475,6 +476,10 @@ class Speculator:
             inject_s=spent("inject_s"),
             lazy_head=bool(e["lazy_head"]),
             lazy_head_rows=int(e["lazy_head_rows"] - engine0["lazy_head_rows"]),
+            # the LM head the verifies ran ("lazy", "full", "full up to N rows") and how it was chosen
+            # ("costs": the measured tables; "set"; "only")
+            head=str(e["head"]),
+            head_chosen_by=str(e["head_chosen_by"]),
             drafter_graph_builds=int(e["drafter_graph_builds"] - engine0["drafter_graph_builds"]),
             n_max="auto" if self.n_max == "auto" else int(self.n_max),
             tree_budget="auto" if self.tree_auto else self.tree_budget,

@@ -637,3 +637,82 @@ def test_greedy_requests_do_not_teach_sampled_ones_the_lattices_acceptance(hot_p
     # of a sampled request stay near a fresh engine's, not equal; pooled, they fell to none)
     assert sampled_primed[1] >= sampled_fresh[1] // 2 > 0
     assert primed[1] <= fresh[1] // 4  # the greedy regime did learn
+
+
+@pytest.mark.parametrize("name", ["context alone", "merged, tree 16"])
+def test_the_verifies_head_is_chosen_from_the_measured_costs(hot_pair, llm, exact, name) -> None:
+    """The full LM head (every verify row's head in the decode's graph) or the lazy one (cut before
+    the head, each row's product as the verify reads it), chosen from the measured tables (issue 57):
+    where the full head's decodes cost what the lazy head's do with one more row read, the verifies
+    take the full head (no lazy products); where every head row adds a product's cost, the lazy head;
+    in between, verifies up to the rows where the two cross. Both give plain greedy's tokens. A lazy
+    head group set, and exact batches, keep the lazy head; set_head_mode overrides the costs."""
+    kwargs = dict(CONFIGS[name])
+    draft = kwargs.pop("draft", str(hot_pair[1]))
+    ids = [_ids(llm, p) for p in REPEATING[:2]]
+    ref = [plain_greedy(llm, i, N_TOKENS) for i in ids]
+    head = 0.004
+    lazy = [0.01 + 0.0001 * b for b in range(40)]
+    cases = {  # the full head's extra over the lazy table, per size b: -> the rows it is chosen up to
+        "flat": (lambda b: 0.0, None),              # a weight-bound head: full everywhere
+        "steep": (lambda b: head * b, 0),           # every row a product: lazy everywhere
+        "crossing": (lambda b: head * (b - 1) / 4, 5),  # <= one product up to 5 rows
+    }
+    with Speculator(llm, draft, context_drafts="request", **kwargs) as spec:
+        for case, (extra, rows) in cases.items():
+            n = spec.max_verify_rows
+            v = lazy[:n]
+            full = [v[0]] + [v[b - 1] + extra(b) for b in range(2, n + 1)]
+            spec.set_costs(v, [0.002] * spec.max_draft, head_s=head, verify_full_s=full)
+            e = spec.engine_stats()
+            want = n if rows is None else rows
+            assert e["full_head_rows"] == want and e["head_chosen_by"] == "costs", (case, e["head"])
+            assert e["head"] == ("full" if want == n else "lazy" if want == 0 else f"full up to {want} rows")
+            rows0 = spec.engine_stats()["lazy_head_rows"]
+            outs = [spec.generate(i, max_tokens=N_TOKENS) for i in ids]
+            rows_read = spec.engine_stats()["lazy_head_rows"] - rows0
+            for p, out, r in zip(REPEATING[:2], outs, ref, strict=True):
+                check_greedy(out.tokens, r, exact=exact, delta=DELTA_TINY, what=(name, case, p))
+            drafted = sum(o.stats["lattice_drafted"] + o.stats["context_drafted"] for o in outs)
+            assert drafted > 0, case
+            if case == "flat":
+                assert rows_read == 0 and all(o.stats["lazy_head"] is False for o in outs)
+            if case == "steep":
+                assert rows_read > 0 and all(o.stats["lazy_head"] is True for o in outs)
+            # the same tables without the full head's: the lazy head, as before
+            spec.set_costs(v, [0.002] * spec.max_draft, head_s=head)
+            assert spec.engine_stats()["full_head_rows"] == 0
+            # set: a lazy head group, exact batches and the mode override the costs
+            spec.set_costs(v, [0.002] * spec.max_draft, head_s=head, verify_full_s=full)
+            spec._native.set_lazy_head_group(1)
+            assert (spec.engine_stats()["full_head_rows"], spec.engine_stats()["head_chosen_by"]) == (0, "set")
+            spec._native.set_lazy_head_group(0)
+            assert spec.engine_stats()["full_head_rows"] == want
+            spec._native.set_head_mode("full")
+            assert spec.engine_stats()["full_head_rows"] == n
+            spec._native.set_head_mode("lazy")
+            assert spec.engine_stats()["full_head_rows"] == 0
+            spec._native.set_head_mode("auto")
+            spec._native.set_exact_batches(n)
+            assert spec.engine_stats()["full_head_rows"] == 0
+            spec._native.set_exact_batches(0)
+            assert spec.engine_stats()["full_head_rows"] == want
+            with pytest.raises(ValueError, match="head mode"):
+                spec._native.set_head_mode("both")
+
+
+def test_measured_costs_time_both_heads(hot_pair, llm) -> None:
+    """Where the lazy head can run, measure_costs times every verify size with the full head too
+    (the engine chooses between them: the test above); without a head to cut, no full table."""
+    with Speculator(llm, str(hot_pair[1]), n_max=3) as spec:
+        costs = spec.measure_costs(_ids(llm, REPEATING[0]), reps=1)
+        assert len(costs["verify_full_s"]) == spec.max_verify_rows and all(x > 0 for x in costs["verify_full_s"])
+        assert costs["verify_full_s"][0] == costs["verify_s"][0] and costs["head_s"] > 0
+        spec.set_costs(costs["verify_s"], costs["draft_s"], head_s=costs["head_s"],
+                       verify_full_s=costs["verify_full_s"])
+        e = spec.engine_stats()
+        assert e["head_chosen_by"] == "costs" and 0 <= e["full_head_rows"] <= spec.max_verify_rows
+    with Speculator(llm, str(hot_pair[1]), n_max=3, lazy_head=False) as spec:
+        costs = spec.measure_costs(_ids(llm, REPEATING[0]), reps=1)
+        assert costs["verify_full_s"] == [] and costs["head_s"] == 0
+        assert spec.engine_stats()["head"] == "full"

@@ -313,6 +313,12 @@ int pdf2_batch_engine_set_context_cache_limits(pdf2_batch_engine * e, int32_t ma
  * weight bounds its product); 0 (the default) lets the engine time both at its first verify of enough
  * rows and choose. engine_stats' "lazy_head_group" says which it uses. 0 / -1 (out of range). */
 int pdf2_batch_engine_set_lazy_head_group(pdf2_batch_engine * e, int32_t rows);
+/* Which LM head the verifies run: 0 (the default) chooses from the measured costs (set_costs'
+ * verify_full_s against verify_s and head_s: the full head where its decodes cost no more than the
+ * lazy head's with a second row read), 1 the lazy head, 2 the full head (every verify row's head in
+ * the decode's graph). A lazy head group set (> 0) and exact batches keep the lazy head.
+ * engine_stats' "head" says which runs, "head_chosen_by" how. 0 / -1. */
+int pdf2_batch_engine_set_head_mode(pdf2_batch_engine * e, int32_t mode);
 /* Rows of the largest verify the cost model prices: max_draft + 1, or an automatic tree's budget + 1. */
 int32_t pdf2_batch_engine_max_verify_rows(pdf2_batch_engine * e);
 /* Exact mode over a target whose matmul kernels switch with the batch size: every target decode
@@ -329,14 +335,18 @@ int pdf2_batch_engine_set_exact_batches(pdf2_batch_engine * e, int32_t max_rows)
  * than verify_s[0] (plain steps then skip the features); head_s = the lazy LM head's product for
  * one more row a verify reads (0: none; a verify committing k tokens reads k). learn != 0: the costs were measured on
  * this machine and the steps as they run correct them (a plain step's price becomes what plain
- * steps take, other decodes' the table scaled by what verify steps take); 0: they stay as given. */
+ * steps take, other decodes' the table scaled by what verify steps take); 0: they stay as given.
+ * verify_full_s[B-1] (n_full = n_verify, or 0: none): the same decodes with every row's LM head in
+ * the decode's graph (the full head), where verify_s holds the lazy head's; zeros: not measured.
+ * With both, the engine chooses the head (set_head_mode) and prices with its table. */
 int pdf2_batch_engine_set_costs(pdf2_batch_engine * e, const double * verify_s, int32_t n_verify,
                                 const double * draft_s, int32_t n_draft, double plain_s, double head_s,
-                                int32_t learn);
-/* Measures those costs on a slot whose prefill is done (its state is restored). */
+                                int32_t learn, const double * verify_full_s, int32_t n_full);
+/* Measures those costs on a slot whose prefill is done (its state is restored); verify_full_s
+ * (n_verify entries) gets the full head's decodes where the lazy head can run, else zeros. */
 int pdf2_batch_engine_measure_costs(pdf2_batch_engine * e, int32_t slot, int32_t reps, double * verify_s,
                                     int32_t n_verify, double * draft_s, int32_t n_draft, double * plain_s,
-                                    double * head_s);
+                                    double * head_s, double * verify_full_s);
 /* A request's sampler chain, applied as llama-cpp-python applies it, with
  * llama.cpp's own samplers: logit bias, penalties, grammar, then (temperature
  * > 0) top-k, top-p, min-p, temperature; greedy (temperature 0) takes the

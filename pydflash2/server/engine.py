@@ -180,7 +180,7 @@ class BatchEngine:
         self._native = self._new_native()
         if self.costs is not None:
             self.set_costs(self.costs["verify_s"], self.costs["draft_s"], self.costs.get("plain_s", 0.0), learn=True,
-                           head_s=self.costs.get("head_s", 0.0))
+                           head_s=self.costs.get("head_s", 0.0), verify_full_s=self.costs.get("verify_full_s") or None)
 
     def close(self) -> None:
         if getattr(self, "_native", None) is not None:
@@ -265,6 +265,7 @@ class BatchEngine:
         return self._native.slot_stats(slot)
 
     def set_costs(self, verify_s: Sequence[float], draft_s: Sequence[float], plain_s: float = 0.0,
-                  learn: bool = False, head_s: float = 0.0) -> None:
-        """The cost model's tables (NativeEngine.set_costs); learn: the steps as they run correct them."""
-        self._native.set_costs(verify_s, draft_s, plain_s, learn, head_s)
+                  learn: bool = False, head_s: float = 0.0, verify_full_s: Sequence[float] | None = None) -> None:
+        """The cost model's tables (NativeEngine.set_costs); learn: the steps as they run correct them;
+        verify_full_s: the verifies with the full LM head, to choose the head by."""
+        self._native.set_costs(verify_s, draft_s, plain_s, learn, head_s, verify_full_s)

@@ -111,14 +111,23 @@ class BatchEngine {
 
     // plain_s: a plain decode's step without the drafter's features (0: not measured); head_s: the
     // lazy head's product for one row (0: none); learn: the costs were measured here and the steps
-    // as they run correct them (CostModel::observe_device)
+    // as they run correct them (CostModel::observe_device). verify_full_s: the same decodes with
+    // every row's LM head in the decode's graph (the full head; empty or zeros: not measured). With
+    // both measured the engine chooses the head its verifies run (choose_head) and prices with it.
     void set_costs(const std::vector<double> & verify_s, const std::vector<double> & draft_s, double plain_s = 0.0,
-                   double head_s = 0.0, bool learn = false);
+                   double head_s = 0.0, bool learn = false, const std::vector<double> & verify_full_s = {});
     // Times target decodes of B = 1..max_verify_rows() rows, drafter blocks of n = 1..max_draft
     // drafts, and a plain decode that skips the drafter's features, on a slot that has finished its
-    // prefill.
+    // prefill. Where the lazy head can run, verify_s holds its decodes (and head_s its product) and
+    // verify_full_s the same decodes with the full head; else verify_full_s is empty.
     void measure_costs(int slot, int reps, std::vector<double> & verify_s, std::vector<double> & draft_s,
-                       double & plain_s, double & head_s);
+                       double & plain_s, double & head_s, std::vector<double> & verify_full_s);
+    // Which LM head the verifies run: chosen from the measured costs (Auto), or set.
+    enum class HeadMode { Auto = 0, Lazy = 1, Full = 2 };
+    void set_head_mode(HeadMode mode);
+    // verify decodes of at most this many rows compute every row's head in their graph (the full
+    // head); larger ones cut it (the lazy head). 0: none
+    int full_head_rows() const { return full_head_rows_; }
 
     // Queues a prompt on an idle slot; it is prefilled by the next step(s),
     // from the first token where it differs from what the slot holds (the
@@ -146,7 +155,8 @@ class BatchEngine {
     // outputs and their tokens. Empties the cache.
     void set_context_cache_limits(size_t max_keys, int max_documents, size_t max_tokens);
     // Rows per lazy head product (TargetRunner::set_head_rows: 0 = time and choose).
-    void set_lazy_head_group(int32_t rows) { target_.set_head_rows(rows); }
+    // A group set (> 0) runs the lazy head (exact batches set one row: set_exact_batches).
+    void set_lazy_head_group(int32_t rows);
     // Rows of `prompt` that start() on this idle slot would reuse (what it holds
     // from its last request): a scheduler gives a request the slot that holds most.
     int32_t cached_prefix(int slot, const std::vector<llama_token> & prompt);
@@ -315,6 +325,17 @@ class BatchEngine {
     // what steps cost and each option commits, and every choice among them (declared before
     // slots_: their lattice sources learn into its tree policy and calibration)
     CostModel cost_model_;
+    // The head the verifies run (set_costs, set_head_mode): the tables as given, and the choice.
+    struct GivenCosts {
+        std::vector<double> verify_s, draft_s, verify_full_s;
+        double plain_s = 0.0, head_s = 0.0;
+        bool learn = false, given = false;
+    } given_costs_;
+    HeadMode head_mode_ = HeadMode::Auto;
+    int full_head_rows_ = 0;
+    HeadChoice head_choice_;
+    void apply_costs();  // the cost model's tables for the head chosen from given_costs_
+    double timed_verify(int slot, int b, bool lazy, bool & cut_seen, std::vector<double> & head_times);
     SourceKit source_kit_;  // what each kind of draft source learns over all slots (before slots_: they hold it)
     std::vector<Slot> slots_;
     int max_draft_ = 0;

@@ -128,6 +128,14 @@ extern "C" int pdf2_batch_engine_add_draft_source(pdf2_batch_engine * e, const c
     });
 }
 
+extern "C" int pdf2_batch_engine_set_head_mode(pdf2_batch_engine * e, int32_t mode) {
+    return pdf2::guarded<int>(-1, [&] {
+        if (mode < 0 || mode > 2) throw pdf2::Error("head mode must be 0 (auto), 1 (lazy) or 2 (full)");
+        get(e).set_head_mode(static_cast<pdf2::BatchEngine::HeadMode>(mode));
+        return 0;
+    });
+}
+
 extern "C" int pdf2_batch_engine_set_lazy_head_group(pdf2_batch_engine * e, int32_t rows) {
     return pdf2::guarded<int>(-1, [&] {
         get(e).set_lazy_head_group(rows);
@@ -160,32 +168,40 @@ extern "C" int pdf2_batch_engine_set_exact_batches(pdf2_batch_engine * e, int32_
 
 extern "C" int pdf2_batch_engine_set_costs(pdf2_batch_engine * e, const double * verify_s, int32_t n_verify,
                                            const double * draft_s, int32_t n_draft, double plain_s,
-                                           double head_s, int32_t learn) {
+                                           double head_s, int32_t learn, const double * verify_full_s,
+                                           int32_t n_full) {
     return pdf2::guarded<int>(-1, [&] {
         if (verify_s == nullptr || n_verify < 1 || (n_draft > 0 && draft_s == nullptr)) {
             throw pdf2::Error("costs: verify_s needs at least one entry");
         }
+        if (n_full < 0 || (n_full > 0 && (verify_full_s == nullptr || n_full != n_verify))) {
+            throw pdf2::Error("costs: verify_full_s needs as many entries as verify_s (or none)");
+        }
         if (!std::isfinite(plain_s) || plain_s < 0.0) throw pdf2::Error("costs: plain_s must be finite and >= 0");
         if (!std::isfinite(head_s) || head_s < 0.0) throw pdf2::Error("costs: head_s must be finite and >= 0");
         get(e).set_costs(std::vector<double>(verify_s, verify_s + n_verify),
-                         std::vector<double>(draft_s, draft_s + std::max(0, n_draft)), plain_s, head_s, learn != 0);
+                         std::vector<double>(draft_s, draft_s + std::max(0, n_draft)), plain_s, head_s, learn != 0,
+                         std::vector<double>(verify_full_s, verify_full_s + n_full));
         return 0;
     });
 }
 
 extern "C" int pdf2_batch_engine_measure_costs(pdf2_batch_engine * e, int32_t slot, int32_t reps, double * verify_s,
                                                int32_t n_verify, double * draft_s, int32_t n_draft, double * plain_s,
-                                               double * head_s) {
+                                               double * head_s, double * verify_full_s) {
     return pdf2::guarded<int>(-1, [&] {
         pdf2::BatchEngine & eng = get(e);
         if (verify_s == nullptr || draft_s == nullptr || plain_s == nullptr || head_s == nullptr ||
+            verify_full_s == nullptr ||
             n_verify != eng.max_verify_rows() ||
             n_draft != eng.max_draft()) {
             throw pdf2::Error("costs arrays must hold max_verify_rows and max_draft entries (and plain_s and head_s one)");
         }
-        std::vector<double> v, d;
-        eng.measure_costs(slot, reps, v, d, *plain_s, *head_s);
+        std::vector<double> v, d, full;
+        eng.measure_costs(slot, reps, v, d, *plain_s, *head_s, full);
         std::copy(v.begin(), v.end(), verify_s);
+        std::fill_n(verify_full_s, n_verify, 0.0);  // zeros: not measured (no lazy head to choose against)
+        std::copy(full.begin(), full.end(), verify_full_s);
         std::copy(d.begin(), d.end(), draft_s);
         return 0;
     });

@@ -122,6 +122,7 @@ void BatchEngine::set_exact_batches(int max_rows) {
     exact_rows_ = max_rows;
     // a group of head rows is a batch too: exact mode keeps the one-row product plain decoding uses
     target_.set_head_rows(max_rows > 0 ? 1 : 0);
+    apply_costs();  // and the lazy head, not the full one
 }
 
 // Each group's slots in as many decodes as keep every one within exact_rows_ rows (one group, one

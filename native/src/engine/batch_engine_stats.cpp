@@ -154,7 +154,24 @@ std::string BatchEngine::stats_json() const {
     w.field("lazy_head_group", target_.head_rows());      // rows per head product (0: not chosen yet)
     // whether verify decodes stop before the LM head (and why not, once tried and refused)
     w.field("lazy_head", head_capture_ != nullptr && (feed_drafters_ || opts_.context_nodes > 0) &&
-                             target_.lazy_head_error().empty());
+                             target_.lazy_head_error().empty() && full_head_rows_ < max_verify_rows());
+    // the head the verifies run: "lazy" (cut before the head, rows run as read), "full" (every row's
+    // head in the decode's graph) or "full up to N rows" (smaller verifies full, larger lazy), and how
+    // it was chosen: "costs" (the measured tables, lazy_head.h choose_head), "set" (set_head_mode, a
+    // lazy head group, exact batches), or "only" (no lazy head here, or no tables to choose by)
+    const bool no_lazy = head_capture_ == nullptr || full_head_rows_ >= max_verify_rows();
+    w.field("head", no_lazy ? std::string("full")
+                    : full_head_rows_ < 2 ? std::string("lazy")
+                                          : "full up to " + std::to_string(full_head_rows_) + " rows");
+    w.field("head_chosen_by", head_capture_ == nullptr ? "only"
+                              : head_mode_ != HeadMode::Auto || target_.forced_head_rows() > 0 ? "set"
+                              : head_choice_.measured                                        ? "costs"
+                                                                                             : "only");
+    w.field("full_head_rows", static_cast<int64_t>(std::min(full_head_rows_, max_verify_rows())));
+    // what choose_head compared: the full head's extra over the lazy table at 2 rows and where it
+    // stopped, against one row's product
+    w.field("head_full_extra_s", head_choice_.extra_s);
+    w.field("head_full_extra_last_s", head_choice_.extra_last_s);
     if (!target_.lazy_head_error().empty()) {
         w.field("lazy_head_error", target_.lazy_head_error());
     }

@@ -3,9 +3,40 @@
 #include "common/devices.h"
 #include "common/errors.h"
 
+#include <algorithm>
 #include <string>
 
 namespace pdf2 {
+
+HeadChoice choose_head(const std::vector<double> & lazy_s, const std::vector<double> & full_s, double head_s) {
+    HeadChoice c;
+    c.head_s = head_s;
+    size_t n = std::min(lazy_s.size(), full_s.size());
+    for (size_t i = 1; i < n; ++i) {
+        if (lazy_s[i] <= 0.0 || full_s[i] <= 0.0) n = i;  // the measured sizes: 1..n
+    }
+    if (n < 2 || head_s <= 0.0) return c;
+    c.measured = true;
+    std::vector<double> extra(n, 0.0);  // [i]: size i + 1
+    for (size_t i = 1; i < n; ++i) extra[i] = full_s[i] - lazy_s[i];
+    const auto smoothed = [&](size_t i) {
+        std::vector<double> w;
+        for (size_t j = i > 3 ? i - 2 : 1; j < std::min(n, i + 3); ++j) w.push_back(extra[j]);
+        std::nth_element(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(w.size() / 2), w.end());
+        return w[w.size() / 2];
+    };
+    c.extra_s = smoothed(1);
+    c.extra_last_s = smoothed(n - 1);
+    for (size_t i = 1; i < n; ++i) {
+        const double e = smoothed(i);
+        if (e > head_s) {
+            c.extra_last_s = e;
+            break;
+        }
+        c.full_rows = static_cast<int>(i) + 1;
+    }
+    return c;
+}
 
 LazyHead::LazyHead(const ggml_tensor * weight, int32_t n_threads)
     : weight_(weight), n_embd_(weight->ne[0]), n_vocab_(weight->ne[1]) {

@@ -29,6 +29,27 @@
 
 namespace pdf2 {
 
+// Where the full head (every verify row's head in the decode's graph) costs no more than the lazy
+// one, from measured tables over verify sizes b = 1..B: lazy_s[b-1] a decode cut before the head
+// plus one row's product, full_s[b-1] the same decode with every row's head, head_s one more row's
+// product. A verify that accepts a draft reads a second row, and what the full head adds to a
+// decode is all the head its verify then needs: so a size takes the full head where full_s -
+// lazy_s, the b rows' head beyond the one the lazy table holds, is at most head_s. Where the head's
+// weight, not its arithmetic, bounds it (an F32 head on a CPU, a GPU), a few rows cost about one
+// row's product and small verifies take the full head; where the arithmetic does (Q4_1 on a CPU, or
+// the many rows of a deep tree) every row adds its share and the lazy head wins. The difference is
+// smoothed (the median of the sizes b-2..b+2) against the tables' noise, and the sizes that take the
+// full head are the first ones: full_rows, the largest size up to which every size does (0: none).
+// Sizes without both measured (0) stop the count.
+struct HeadChoice {
+    bool measured = false;  // both tables held a size >= 2
+    int full_rows = 0;      // verifies of at most this many rows take the full head
+    double extra_s = 0.0;   // the smoothed full - lazy at size 2 and at full_rows + 1 (or B), for the record
+    double extra_last_s = 0.0;
+    double head_s = 0.0;
+};
+HeadChoice choose_head(const std::vector<double> & lazy_s, const std::vector<double> & full_s, double head_s);
+
 class LazyHead {
   public:
     // weight: [n_embd, n_vocab] (the graph's result_output src0); n_threads: for a CPU backend.

@@ -119,6 +119,9 @@ struct StepCosts {
     // work grows with what is accepted, not with the rows verified: on the CPU stand-in (2 layers,
     // SmolLM2's vocabulary) a verify that committed 4.5 tokens took 3x its table entry.
     double head_s = 0.0;
+    // Verifies of at most this many rows (all slots') run the full head instead: every row's head in
+    // the decode's graph, which verify_s holds for those sizes, and no product for the rows read.
+    int full_head_rows = 0;
     HostCosts host;  // added to every step's price
     DeviceCorrection seen;  // the tables corrected by the steps as they ran (where costs are learned)
 
@@ -143,7 +146,9 @@ struct StepCosts {
     // An option's price: `committed` tokens over all n_slots slots from a step verifying `rows`
     // rows each after drafting n; the head reads a row per committed token.
     Price price(double committed, int n_slots, int rows, int n) const {
-        return Price{committed, step_seconds(n_slots, rows, n) + head_seconds(committed - std::max(n_slots, 1))};
+        const bool full_head = std::max(n_slots, 1) * rows <= full_head_rows;
+        return Price{committed, step_seconds(n_slots, rows, n) +
+                                    (full_head ? 0.0 : head_seconds(committed - std::max(n_slots, 1)))};
     }
 };
 
