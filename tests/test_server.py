@@ -406,10 +406,11 @@ def test_metrics_parse_and_move(client: openai.OpenAI, server: ServerProcess, ll
     assert moved(p + "spec_decode_verify_seconds_total") == pytest.approx(
         moves["verify_decode"] + moves["prefill_decode"], rel=1e-6, abs=1e-9)
     assert moved(p + "spec_decode_num_steps_total") > 0
-    # the lazy LM head ran for the rows each verify reached: one per committed token of a drafted block;
-    # none where the engine chose the full head from the measured costs (every row's head in the decode)
-    assert moved(p + "spec_decode_num_lazy_head_rows_total") in (0.0, (
-        moved(p + "spec_decode_num_accepted_tokens_total") + moved(p + "spec_decode_num_drafts_total")))
+    # the lazy LM head ran for the rows each lazy verify reached: at most one per committed token of a drafted
+    # block; fewer where the engine chose the full head from the measured costs for small verifies, none where
+    # for all (test_lazy_head_runs_the_head_once_per_committed_token holds the exact count, the head set lazy)
+    assert 0 <= moved(p + "spec_decode_num_lazy_head_rows_total") <= (
+        moved(p + "spec_decode_num_accepted_tokens_total") + moved(p + "spec_decode_num_drafts_total"))
     assert moved(p + "spec_decode_python_seconds_total") > 0
     assert after[(p + "num_requests_running", ())] == 0
     assert after[(p + "num_requests_waiting", ())] == 0

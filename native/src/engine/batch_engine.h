@@ -286,6 +286,7 @@ class BatchEngine {
     void record_logprob(Slot & s, const float * logits, llama_token token);
     void cut_tree_at_once(const Slot & s, const std::vector<int32_t> & path, int n_in_place);
     void write_context_stats(JsonWriter & w) const;  // batch_engine_stats.cpp
+    void write_head_stats(JsonWriter & w) const;
     void write_ledger(JsonWriter & w) const;
     void write_source_stats(JsonWriter & w, const Slot * slot) const;  // one slot's request, or all
     void init_context();  // batch_engine_context.cpp: the slots' context sources, the global cache

@@ -142,14 +142,8 @@ void BatchEngine::write_context_stats(JsonWriter & w) const {
     w.end_object();
 }
 
-std::string BatchEngine::stats_json() const {
-    JsonWriter w;
-    w.begin_object();
-    w.field("n_slots", static_cast<int64_t>(slots_.size()));
-    w.field("max_draft", max_draft_);
-    w.field("n_steps", stats_.engine().n_steps);
-    w.field("n_rows", stats_.engine().n_rows);
-    w.field("n_filler_rows", stats_.engine().n_filler_rows);
+// the LM head the verifies run and how it was chosen (lazy_head.h)
+void BatchEngine::write_head_stats(JsonWriter & w) const {
     w.field("lazy_head_rows", target_.lazy_head_rows());  // verify rows whose LM head ran (lazily)
     w.field("lazy_head_group", target_.head_rows());      // rows per head product (0: not chosen yet)
     // whether verify decodes stop before the LM head (and why not, once tried and refused)
@@ -175,6 +169,17 @@ std::string BatchEngine::stats_json() const {
     if (!target_.lazy_head_error().empty()) {
         w.field("lazy_head_error", target_.lazy_head_error());
     }
+}
+
+std::string BatchEngine::stats_json() const {
+    JsonWriter w;
+    w.begin_object();
+    w.field("n_slots", static_cast<int64_t>(slots_.size()));
+    w.field("max_draft", max_draft_);
+    w.field("n_steps", stats_.engine().n_steps);
+    w.field("n_rows", stats_.engine().n_rows);
+    w.field("n_filler_rows", stats_.engine().n_filler_rows);
+    write_head_stats(w);
     w.field("n_prompt", stats_.engine().n_prompt);
     w.field("n_prompt_reused", stats_.engine().n_prompt_reused);
     w.field("n_generated", stats_.engine().n_generated);
