@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from llama_cpp.llama_grammar import PRIMITIVE_RULES, RESERVED_NAMES, STRING_FORMAT_RULES, BuiltinRule, _build_repetition
@@ -33,11 +34,13 @@ from llama_cpp.llama_grammar import SchemaConverter as _LlamaSchemaConverter
 from . import grammar_limits
 from .grammar_limits import DEFAULT_LIMITS, GrammarLimits
 
-# Constraints the converter does not turn into grammar rules: a schema using one would be
-# ignored in part, so it is refused instead.
-UNSUPPORTED = ("multipleOf", "minProperties", "maxProperties", "uniqueItems", "not", "if", "then", "else", "contains",
-               "minContains", "maxContains", "patternProperties", "propertyNames", "dependentRequired",
-               "dependentSchemas", "unevaluatedProperties", "unevaluatedItems")
+# Constraints the converter does not turn into grammar rules. As llama.cpp's converter (and
+# llama-server), a schema using one is accepted and the keyword is not enforced: pydantic writes
+# uniqueItems for a set, zod propertyNames for a record and `not: {}` for never. unenforced()
+# names each with its place; the server lists them in its access log and a response header.
+NOT_ENFORCED = ("multipleOf", "minProperties", "maxProperties", "uniqueItems", "not", "if", "then", "else",
+                "contains", "minContains", "maxContains", "patternProperties", "propertyNames", "dependentRequired",
+                "dependentSchemas", "unevaluatedProperties", "unevaluatedItems")
 BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 # digits of an integer range's open side (llama-cpp-python's `integer` rule: [0-9] | [1-9] [0-9]{0,15})
 OPEN_DIGITS = 16
@@ -50,17 +53,32 @@ _SCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")  # items: a list in draft 7 tuples
 
 
+def _children(schema: dict[str, Any], path: str) -> Iterator[tuple[Any, str, bool]]:
+    """The subschemas the converter reads, with their places; True where a `false` there closes the
+    schema (additionalProperties, additionalItems, items beside prefixItems) instead of saying "no value"."""
+    for key in _SUBSCHEMA:
+        if key in schema:
+            yield schema[key], f"{path}/{key}", key != "items" or "prefixItems" in schema
+    for key in _SCHEMA_MAPS:
+        sub = schema.get(key)
+        if isinstance(sub, dict):
+            for name, s in sub.items():
+                yield s, f"{path}/{key}/{name}", False
+    for key in _SCHEMA_LISTS:
+        sub = schema.get(key)
+        if isinstance(sub, list):
+            for i, s in enumerate(sub):
+                yield s, f"{path}/{key}/{i}", False
+
+
 def check_schema(schema: Any, path: str = "") -> None:
-    """ValueError naming the first constraint the converter would drop, a numeric bound that
-    is not a number, or a `false` subschema (no value satisfies it) where it is not a closing
-    keyword (additionalProperties, additionalItems, items beside prefixItems)."""
+    """ValueError naming the first numeric bound that is not a number, an empty integer range, or a
+    `false` subschema (no value satisfies it) where it is not a closing keyword (additionalProperties,
+    additionalItems, items beside prefixItems)."""
     if schema is False:
         raise ValueError(f"the schema at {path or '/'} is false: no value satisfies it")
     if not isinstance(schema, dict):
         return
-    for key in UNSUPPORTED:
-        if key in schema:
-            raise ValueError(f"'{key}' at {path or '/'} is not supported by the JSON-schema converter")
     for key in BOUNDS:
         v = schema.get(key)
         draft4 = key.startswith("exclusive") and isinstance(v, bool)  # draft 4: a flag on minimum / maximum
@@ -70,21 +88,20 @@ def check_schema(schema: Any, path: str = "") -> None:
     kind = schema.get("type")
     if (kind == "integer" or (isinstance(kind, list) and "integer" in kind)) and any(k in schema for k in BOUNDS):
         integer_bounds(schema, path)  # an empty or too long range is a ValueError here, named by its place
-    for key in _SUBSCHEMA:
-        sub = schema.get(key)
-        closes = key != "items" or "prefixItems" in schema  # false there forbids what is not listed
+    for sub, place, closes in _children(schema, path):
         if not (sub is False and closes):
-            check_schema(sub, f"{path}/{key}")
-    for key in _SCHEMA_MAPS:
-        sub = schema.get(key)
-        if isinstance(sub, dict):
-            for name, s in sub.items():
-                check_schema(s, f"{path}/{key}/{name}")
-    for key in _SCHEMA_LISTS:
-        sub = schema.get(key)
-        if isinstance(sub, list):
-            for i, s in enumerate(sub):
-                check_schema(s, f"{path}/{key}/{i}")
+            check_schema(sub, place)
+
+
+def unenforced(schema: Any, path: str = "") -> list[str]:
+    """The NOT_ENFORCED keywords in a schema, each as keyword@place (e.g. uniqueItems@/properties/tags):
+    accepted, and left to the client to check, as llama.cpp's converter leaves them."""
+    if not isinstance(schema, dict):
+        return []
+    found = [f"{key}@{path or '/'}" for key in NOT_ENFORCED if key in schema]
+    for sub, place, _ in _children(schema, path):
+        found += unenforced(sub, place)
+    return found
 
 
 def integer_bounds(schema: dict[str, Any], path: str = "") -> tuple[int | None, int | None]:
@@ -338,8 +355,8 @@ def json_schema_grammar(schema: Any, limits: GrammarLimits = DEFAULT_LIMITS) -> 
     """GBNF (root rule `root`) whose sentences are JSON values valid under `schema` (a dict, or
     `true`: any value), as the server builds it for `response_format`; usable as the Python API's
     `grammar`. ValueError for `false` (at the root or inside, named by its place), for a schema
-    past `limits` (grammar_limits.LimitError), with a keyword the converter cannot enforce
-    (UNSUPPORTED), or that it cannot turn into a grammar."""
+    past `limits` (grammar_limits.LimitError), or that it cannot turn into a grammar. Keywords the
+    converter does not enforce (NOT_ENFORCED; listed by unenforced()) are accepted and left out."""
     if schema is True:  # JSON Schema's "any value"
         schema = {}
     if schema is False:

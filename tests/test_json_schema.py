@@ -10,6 +10,7 @@ import ctypes
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import llama_cpp
@@ -228,15 +229,36 @@ def test_bounded_numbers_are_accepted_not_enforced(probe: GrammarProbe) -> None:
     ({"type": "integer", "maximum": True}, ["'maximum'"]),
     ({"type": "integer", "minimum": 10**150}, ["100 digits"]),
     ({"type": "integer", "maximum": -(10**400)}, ["100 digits"]),
-    ({"type": "integer", "multipleOf": 2}, ["'multipleOf'"]),
-    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, ["'uniqueItems'"]),
-], ids=["empty", "empty-exclusive", "string-bound", "bool-bound", "too-long", "far-too-long", "multipleOf",
-        "uniqueItems"])
+], ids=["empty", "empty-exclusive", "string-bound", "bool-bound", "too-long", "far-too-long"])
 def test_what_stays_refused(schema: dict, words: list[str]) -> None:
     with pytest.raises(ValueError) as e:
         json_schema_grammar(schema)
     for w in words:
         assert w in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("schema, place", [
+    ({"type": "integer", "multipleOf": 2}, "/"),
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "/"),  # pydantic's set[int]
+    ({"type": "object", "propertyNames": {"pattern": "^a"}, "additionalProperties": {"type": "string"}}, "/"),  # zod
+    ({"type": "object", "properties": {"never": {"not": {}}}}, "/properties/never"),  # zod's z.never()
+    ({"type": "array", "items": {"type": "object", "minProperties": 1}}, "/items"),
+    ({"anyOf": [{"type": "string"}, {"type": "array", "contains": {"type": "integer"}}]}, "/anyOf/1"),
+    ({"type": "object", "$defs": {"D": {"type": "object", "dependentRequired": {"a": ["b"]}}},
+      "properties": {"d": {"$ref": "#/$defs/D"}}}, "/$defs/D"),
+], ids=["multipleOf", "uniqueItems", "propertyNames", "not", "minProperties", "contains", "dependentRequired"])
+def test_keywords_the_converter_leaves_unenforced_are_accepted_and_named(schema: dict, place: str) -> None:
+    """As llama.cpp's converter (and llama-server) take them: accepted, the grammar the same as without the
+    keyword, and unenforced() names the keyword and its place (the server's access log and header)."""
+    def without(s: Any) -> Any:
+        if isinstance(s, dict):
+            return {k: without(v) for k, v in s.items() if k not in json_schema.NOT_ENFORCED}
+        return [without(v) for v in s] if isinstance(s, list) else s
+
+    found = json_schema.unenforced(schema)
+    assert len(found) == 1 and found[0].endswith("@" + place), found
+    assert found[0].split("@")[0] in json_schema.NOT_ENFORCED
+    assert json_schema_grammar(schema) == json_schema_grammar(without(schema))
 
 
 def test_the_callers_schema_is_left_as_it_was() -> None:

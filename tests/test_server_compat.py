@@ -402,15 +402,26 @@ def test_forced_tool_call_with_bounded_integers_generic_format(plain_server: Ser
 
 
 @needs_grammar
-def test_unenforceable_keywords_still_get_400(server: ServerProcess) -> None:
-    # what the converter cannot enforce stays a 400 naming it; a bounded number is accepted (not enforced)
+def test_keywords_the_grammar_leaves_unenforced_are_accepted_and_named(server: ServerProcess) -> None:
+    """Issue 58: every schema llama.cpp's converter takes is taken (pydantic's uniqueItems for a set, zod's
+    propertyNames, multipleOf), as llama-server takes them; what the grammar does not enforce is named in
+    the x-pydflash2-unenforced-schema header and the access line, percent-encoded. An empty integer range
+    stays a 400 naming it; a bounded number is accepted (not enforced, as llama.cpp's converter)."""
     r = post(server, "/v1/chat/completions", {"messages": USER, "max_tokens": 2, "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "multipleOf": 2}}}})
-    assert r.status_code == 400 and "multipleOf" in r.json()["error"]["message"], r.text
+    assert r.status_code == 200 and r.headers["x-pydflash2-unenforced-schema"] == "multipleOf@/", r.text
+    tool = {"type": "function", "function": {"name": "tag", "parameters": {
+        "type": "object", "properties": {"étiquettes ,": {"type": "array", "items": {"type": "string"},
+                                                         "uniqueItems": True}}}}}
+    r = post(server, "/v1/chat/completions", {"messages": USER, "max_tokens": 8, "tools": [tool],
+                                              "tool_choice": {"type": "function", "function": {"name": "tag"}}})
+    note = "uniqueItems@/tag/properties/%C3%A9tiquettes%20%2C"
+    assert r.status_code == 200 and r.headers["x-pydflash2-unenforced-schema"] == note, (r.headers, r.text)
+    assert f"unenforced={note}" in server.log_path.read_text(errors="replace")
     r = post(server, "/v1/chat/completions", {"messages": USER, "max_tokens": 2, "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 5,
                                                                         "maximum": 4}}}})
     assert r.status_code == 400 and "no integer" in r.json()["error"]["message"], r.text
     r = post(server, "/v1/chat/completions", {"messages": USER, "max_tokens": 2, "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "number", "minimum": 0}}}})
-    assert r.status_code == 200, r.text
+    assert r.status_code == 200 and "x-pydflash2-unenforced-schema" not in r.headers, r.text

@@ -9,8 +9,10 @@ response ends, one line at INFO on the "pydflash2.access" logger:
     rid=... POST /v1/completions 200 prompt=12 completion=16 tau=2.29 finish=length 1.234s
 
 `finish=length(context)` where the answer reached the end of the context, and, where they apply,
-`max_tokens=32000->1012` (max_tokens capped to the context left after the prompt) and
-`ignored_tools=web_search,...` (hosted tools left out of the prompt).
+`max_tokens=32000->1012` (max_tokens capped to the context left after the prompt), and the notes a
+handler leaves in the request's state, each also a response header (NOTES): `ignored_tools=web_search,...`
+(hosted tools left out of the prompt) and `unenforced=uniqueItems@/tags,...` (schema keywords accepted
+and not enforced by the grammar).
 """
 
 from __future__ import annotations
@@ -20,12 +22,16 @@ import re
 import time
 import uuid
 from typing import Any
+from urllib.parse import quote
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("pydflash2.access")
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 HEADER = b"x-request-id"
+# what a handler notes in request.state (a list of names): its access-log field and its response header
+NOTES = {"ignored_tools": ("ignored_tools", b"x-pydflash2-ignored-tools"),
+         "unenforced_schema": ("unenforced", b"x-pydflash2-unenforced-schema")}
 
 
 def _request_id(scope: Scope) -> str:
@@ -35,6 +41,13 @@ def _request_id(scope: Scope) -> str:
             if _REQUEST_ID.fullmatch(text):
                 return text
     return uuid.uuid4().hex
+
+
+def _note(names: list[str], most: int = 20) -> str:
+    """A note's names as a header value and log field: percent-encoded (a schema's property names are
+    the client's: any Unicode, spaces, commas), comma-separated, the first `most` of them."""
+    shown = ",".join(quote(n, safe="@/_-.:$~") for n in names[:most])
+    return shown + (f",...(+{len(names) - most})" if len(names) > most else "")
 
 
 class AccessLog:
@@ -55,7 +68,9 @@ class AccessLog:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message.get("headers", ()), (HEADER, rid.encode("latin-1"))]
+                notes = [(header, _note(state[key]).encode("ascii")) for key, (_, header) in NOTES.items()
+                         if state.get(key)]
+                message["headers"] = [*message.get("headers", ()), (HEADER, rid.encode("latin-1")), *notes]
             await send(message)
 
         try:
@@ -79,7 +94,6 @@ class AccessLog:
         asked = getattr(gen, "max_tokens_asked", None)
         if asked is not None:  # capped to the context left after the prompt
             parts.append(f"max_tokens={asked}->{gen.max_tokens}")
-        if state.get("ignored_tools"):  # hosted tools left out of the prompt (the Responses API)
-            parts.append("ignored_tools=" + ",".join(state["ignored_tools"]))
+        parts += [f"{field}={_note(state[key])}" for key, (field, _) in NOTES.items() if state.get(key)]
         parts.append(f"{seconds:.3f}s")
         log.info(" ".join(parts))

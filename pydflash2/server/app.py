@@ -190,7 +190,15 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
         """fn(*args) on a worker thread, at most config.cpu_workers at once: never on the event loop."""
         return await anyio.to_thread.run_sync(fn, *args, limiter=cpu_work)
 
-    def steer(body: schemas.CompletionRequest | schemas.ChatCompletionRequest) -> steering.Steering:
+    async def steer(request: Request, body: schemas.CompletionRequest | schemas.ChatCompletionRequest
+                    ) -> steering.Steering:
+        """The request's steering fields checked and converted (off the event loop: schema conversion and
+        llama.cpp's grammar check take a while); the schema keywords left unenforced noted (access_log.NOTES)."""
+        st = await offload(_steer, body)
+        request.state.unenforced_schema = list(st.unenforced)
+        return st
+
+    def _steer(body: schemas.CompletionRequest | schemas.ChatCompletionRequest) -> steering.Steering:
         if body.stream_options is not None and not body.stream:
             raise ApiError(400, "stream_options: only allowed with stream: true", param="stream_options")
         try:
@@ -218,7 +226,7 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
             if bad:
                 raise ApiError(400, f"prompt token ids outside the vocabulary (0..{tokenizer.n_vocab - 1}): {bad[:5]}",
                                param="prompt")
-        st = await offload(steer, body)  # schema conversion and llama.cpp's grammar check take a while
+        st = await steer(request, body)
         req = await _submit(scheduler, request, body, tokens, config, COMPLETION_DEFAULT_MAX_TOKENS, st, offload)
         answer = Answer(schemas.new_id("cmpl"), config.model_id, body, st, tokenizer.piece, fingerprint)
         if body.stream:
@@ -228,7 +236,7 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
     async def start_chat(request: Request, body: schemas.ChatCompletionRequest) -> tuple[GenerationRequest,
                                                                                           steering.Steering]:
         """The one request path of chat completions, Anthropic's Messages and the Responses API."""
-        st = await offload(steer, body)
+        st = await steer(request, body)
         tokens = await offload(_chat_tokens, tokenizer, body)
         return await _submit(scheduler, request, body, tokens, config, None, st, offload), st
 
@@ -266,14 +274,13 @@ def create_app(scheduler: Scheduler, tokenizer: Tokenizer, config: ServerConfig)
     @app.post("/responses", dependencies=protected)
     async def responses(request: Request) -> Response:
         body = await _read_body(request, responses_api.ResponsesRequest, config)
-        ignored = request.state.ignored_tools = body.ignored_tools()  # hosted tools: left out (the access log)
-        headers = {responses_api.IGNORED_TOOLS_HEADER: ",".join(ignored)} if ignored else None
+        request.state.ignored_tools = body.ignored_tools()  # hosted tools: left out (access_log.NOTES)
         with _renamed(responses_api.PARAMS):
             req, st = await start_chat(request, _as_chat(body.chat_body()))
         answer = responses_api.ResponseAnswer(responses_api.new_id("resp"), config.model_id, body, st.tool_plan)
         if body.stream:
-            return EventSourceResponse(answer.stream(_events(scheduler, req)), headers=headers)
-        return JSONResponse(answer.whole(await _wait(scheduler, request, req)), headers=headers)
+            return EventSourceResponse(answer.stream(_events(scheduler, req)))
+        return JSONResponse(answer.whole(await _wait(scheduler, request, req)))
 
     add_template_routes(app, protected, tokenizer,
                         read_body=lambda request, model: _read_body(request, model, config),

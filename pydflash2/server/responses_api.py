@@ -150,7 +150,6 @@ class HostedTool(_Lenient):
 HOSTED_TOOLS = ("web_search", "web_search_preview", "file_search", "code_interpreter", "computer_use_preview",
                 "computer_use", "computer", "image_generation", "local_shell", "shell", "apply_patch", "mcp",
                 "tool_search")
-IGNORED_TOOLS_HEADER = "x-pydflash2-ignored-tools"
 
 
 def is_hosted(kind: str) -> bool:

@@ -16,6 +16,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
+from .. import json_schema
 from ..grammar_limits import DEFAULT_LIMITS, GrammarLimits
 from . import grammars, tools
 from .schemas import ChatCompletionRequest, CompletionRequest
@@ -56,6 +57,9 @@ class Steering:
     engine_options: dict[str, Any]  # extra keyword arguments of engine.start()
     tool_plan: ToolPlan | None = None
     logprobs: int | None = None  # top alternatives per token, None: no logprobs
+    # schema keywords the grammar does not enforce, as keyword@place (json_schema.unenforced): accepted,
+    # as llama-server accepts them, and named in the access log and a response header
+    unenforced: tuple[str, ...] = ()
 
 
 def _require(features: frozenset[str], name: str, param: str) -> None:
@@ -69,6 +73,7 @@ def build(body: CompletionRequest | ChatCompletionRequest, *, features: frozense
     template (chat requests), for tools; limits: the grammar and JSON-schema limits."""
     opts: dict[str, Any] = {}
     grammar_param: str | None = None
+    unenforced: list[str] = []
 
     if body.grammar is not None:
         opts["grammar"], grammar_param = body.grammar, "grammar"
@@ -81,10 +86,11 @@ def build(body: CompletionRequest | ChatCompletionRequest, *, features: frozense
             if grammar_param:  # as llama-server: one or the other
                 raise FieldError("response_format", "give either 'grammar' or a JSON 'response_format', not both")
             opts["grammar"], grammar_param = g, "response_format"
+            unenforced += grammars.response_format_unenforced(body.response_format)
 
     plan = None
     if isinstance(body, ChatCompletionRequest):
-        plan, tool_grammar = _tools(body, template)
+        plan, tool_grammar, tools_unenforced = _tools(body, template)
         if tool_grammar is not None:
             param = "tools" if plan is not None and plan.fmt is tools.GENERIC else "tool_choice"
             if grammar_param:
@@ -92,6 +98,7 @@ def build(body: CompletionRequest | ChatCompletionRequest, *, features: frozense
                         if param == "tools" else "a forced tool call")
                 raise FieldError(param, f"{what} cannot be combined with '{grammar_param}'")
             opts["grammar"], grammar_param = tool_grammar, param
+            unenforced += tools_unenforced
     if grammar_param:
         _require(features, "grammar", grammar_param)
         try:
@@ -126,7 +133,7 @@ def build(body: CompletionRequest | ChatCompletionRequest, *, features: frozense
         param = "logprobs"
         _require(features, "logprobs", param)
         opts["logprobs"] = max(1, n_top)  # the engine's count: 0 would mean off; the token's own always comes
-    return Steering(opts, plan, n_top)
+    return Steering(opts, plan, n_top, tuple(unenforced))
 
 
 def _logprobs(body: CompletionRequest | ChatCompletionRequest) -> int | None:
@@ -160,18 +167,19 @@ def template_input(body: ChatCompletionRequest, template: Any) -> tuple[list[dic
     return messages, body.template_variables()
 
 
-def _tools(body: ChatCompletionRequest, template: Any) -> tuple[ToolPlan | None, str | None]:
-    """The parse plan and the grammar (forced call, or the generic format's answer) for a chat request's tools."""
+def _tools(body: ChatCompletionRequest, template: Any) -> tuple[ToolPlan | None, str | None, list[str]]:
+    """The parse plan, the grammar (forced call, or the generic format's answer) for a chat request's tools,
+    and the keywords of the parameters it constrains that it does not enforce."""
     choice = body.tool_choice
     if not body.tools:
         if choice not in (None, "none", "auto"):
             raise FieldError("tool_choice", "needs 'tools'")
-        return None, None
+        return None, None, []
     names = [t.function.name for t in body.tools]
     if len(set(names)) != len(names):
         raise FieldError("tools", "two tools have the same name")
     if choice == "none":
-        return None, None  # the template still sees the tools; no call is read
+        return None, None, []  # the template still sees the tools; no call is read
     generic = uses_generic_format(body, template)
     fmt = tools.GENERIC if generic else tools.detect_format(template.source)
     assert fmt is not None
@@ -183,10 +191,13 @@ def _tools(body: ChatCompletionRequest, template: Any) -> tuple[ToolPlan | None,
             raise FieldError("tool_choice", f"no tool named '{choice.function.name}' in 'tools'")
         plan = ToolPlan(fmt, frozenset([defs[0]["name"]]), False)
     elif choice in (None, "auto") and not generic:
-        return plan, None  # unconstrained: the parameters' schemas only reach the template
+        return plan, None, []  # unconstrained: the parameters' schemas only reach the template
+    constrained = not generic or choice not in (None, "auto")  # auto generic calls: any arguments
+    unenforced = [k for d in defs for k in json_schema.unenforced(d.get("parameters"), f"/{d['name']}")] \
+        if constrained else []
     try:
         if generic:  # the whole answer is constrained: calls, or (auto) a response
-            return plan, tools.generic_grammar(defs, plan.parallel, required=choice not in (None, "auto"))
-        return plan, fmt.grammar(defs, plan.parallel)
+            return plan, tools.generic_grammar(defs, plan.parallel, required=constrained), unenforced
+        return plan, fmt.grammar(defs, plan.parallel), unenforced
     except Exception as e:  # the converter raises bare exceptions on what it cannot express
         raise FieldError("tools", f"the tools' parameters cannot be turned into a grammar: {e}") from None
