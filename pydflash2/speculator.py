@@ -207,7 +207,7 @@ class Speculator:
         # per token id, memoized: one dict lookup per generated token instead of a C call each
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
-        self._unsafe: list[int] | None = None
+        self._grammar_unsafe = utf8_pieces.GrammarUnsafeTokens(self.llm)  # the tokens a grammar must not draw
         self.costs: dict[str, list[float]] | None = None
         if self.drafter is not None or config.context_nodes:
             self.llm.reset()  # the measurement decodes in the Llama's context
@@ -265,12 +265,6 @@ class Speculator:
         if piece is None:
             piece = self._pieces[token] = self.llm.detokenize([token])
         return piece
-
-    def _grammar_unsafe(self) -> list[int]:
-        """The tokens a grammar must not draw (pydflash2.utf8_pieces), read once."""
-        if self._unsafe is None:
-            self._unsafe = utf8_pieces.model_unsafe_tokens(self.llm._model.model)
-        return self._unsafe
 
     def _is_eog(self, token: int) -> bool:
         eog = self._eog.get(token)

@@ -131,3 +131,18 @@ def guarded_bias(bias: dict[int, float] | None, unsafe: Sequence[int]) -> dict[i
     out = dict(bias or {})
     out.update(dict.fromkeys(unsafe, float("-inf")))
     return out
+
+
+class GrammarUnsafeTokens:
+    """model_unsafe_tokens of one loaded model, read at the first grammar (a pass over the vocabulary)
+    and kept; held by what holds the model (a Speculator, the server's engine), so it never outlives
+    the model's pointer. Any thread may ask: the list is the same whoever reads it first."""
+
+    def __init__(self, llm: Any) -> None:
+        self._llm = llm  # a llama_cpp.Llama
+        self._tokens: list[int] | None = None
+
+    def __call__(self) -> list[int]:
+        if self._tokens is None:
+            self._tokens = model_unsafe_tokens(self._llm._model.model)
+        return self._tokens

@@ -182,17 +182,18 @@ def test_a_grammar_writes_only_valid_utf8(flat_target: Path) -> None:
             except UnicodeDecodeError:
                 return True
 
-        unsafe = sp._grammar_unsafe()
+        guard = sp._grammar_unsafe
+        unsafe = guard()
         assert {0xC0, 0xF5, 0xFF} <= {sp._token_bytes(t)[0] for t in unsafe if len(sp._token_bytes(t)) == 1}
         # and the control tokens, which the grammar reads spelled out and the answer's text leaves out
         # (a string the grammar counted with `<|im_start|>` in it came back short: found by the hot test)
         control = [t for t in range(sp.llm.n_vocab()) if sp.llm.detokenize([t]) != sp.llm.detokenize([t], special=True)
                    and not sp._is_eog(t)]
         assert control and set(control) <= set(unsafe)
-        sp._unsafe = []  # the guard off: llama.cpp's grammar alone
+        sp._grammar_unsafe = list  # the guard off (no token masked): llama.cpp's grammar alone
         unguarded = answers(60)
         assert sum(map(invalid, unguarded)) >= 3, unguarded
-        sp._unsafe = unsafe
+        sp._grammar_unsafe = guard
         guarded = answers(60)
         assert len(guarded) >= 50
         for raw in guarded:

@@ -90,7 +90,6 @@ class BatchEngine:
         if draft is not None and not Path(draft).is_file():
             raise FileNotFoundError(f"drafter not found: {draft}")
         kv_cells = n_ctx * (n_slots if config.trees else 1)  # a tree's unified cache: every slot's cells
-        self._unsafe: list[int] | None = None  # _grammar_unsafe, read at the first grammar
         if exact:  # before anything loads, as Speculator(exact=True)
             build = exactness.build_invariance()
             if not build:
@@ -104,6 +103,7 @@ class BatchEngine:
         threads = default_threads(n_threads)
         self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=_TOKENIZER_CTX, n_batch=64, n_threads=threads,
                                    n_threads_batch=threads, n_gpu_layers=n_gpu_layers, verbose=verbose)
+        self._grammar_unsafe = utf8_pieces.GrammarUnsafeTokens(self.llm)  # the tokens a grammar must not draw
         #: exact mode: the target's batch invariance in the engine's context (exactness.py), else None
         self.invariance: exactness.Invariance | None = None
         if exact:
@@ -209,13 +209,6 @@ class BatchEngine:
             frequency_penalty=frequency_penalty, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
             logprobs=logprobs, grammar_unsafe=self._grammar_unsafe() if grammar else ())
         return PreparedSampling(self.llm._model.model, self.n_ctx, sampling)
-
-    def _grammar_unsafe(self) -> list[int]:
-        """The tokens a grammar must not draw (pydflash2.utf8_pieces), read once (any thread: the
-        list is the same whoever reads it first)."""
-        if self._unsafe is None:
-            self._unsafe = utf8_pieces.model_unsafe_tokens(self.llm._model.model)
-        return self._unsafe
 
     def start(self, slot: int, tokens: Sequence[int], prepared: PreparedSampling | None = None, *,
               context_key: str = "", **options: Any) -> None:

@@ -295,7 +295,7 @@ void BatchEngine::decode_group(int n_rows, const std::vector<int> & members) {
     } remove_fillers{*this, members};
     // plain rows (one per slot) all need their head; a decode the full head was chosen for computes
     // every row's (apply_costs)
-    decode_batch(false, /*lazy_head =*/n_rows > 1 && batch_.n_tokens > full_head_rows_);
+    decode_batch(false, /*lazy_head =*/n_rows > 1 && !takes_full_head(batch_.n_tokens, full_head_rows_));
 }
 
 // Prompt chunks, one decode per slot (a sequence alone is one ubatch), at most batch_cap_ prompt

@@ -128,6 +128,11 @@ class BatchEngine {
     // verify decodes of at most this many rows compute every row's head in their graph (the full
     // head); larger ones cut it (the lazy head). 0: none
     int full_head_rows() const { return full_head_rows_; }
+    // Whether some verify decodes stop before the LM head (the lazy head here, working, and not every
+    // verify size given the full head): the stats' `head` and `lazy_head` read it.
+    bool verifies_cut_head() const {
+        return head_capture_ != nullptr && target_.lazy_head_error().empty() && full_head_rows_ < max_verify_rows();
+    }
 
     // Queues a prompt on an idle slot; it is prefilled by the next step(s),
     // from the first token where it differs from what the slot holds (the

@@ -147,14 +147,12 @@ void BatchEngine::write_head_stats(JsonWriter & w) const {
     w.field("lazy_head_rows", target_.lazy_head_rows());  // verify rows whose LM head ran (lazily)
     w.field("lazy_head_group", target_.head_rows());      // rows per head product (0: not chosen yet)
     // whether verify decodes stop before the LM head (and why not, once tried and refused)
-    w.field("lazy_head", head_capture_ != nullptr && (feed_drafters_ || opts_.context_nodes > 0) &&
-                             target_.lazy_head_error().empty() && full_head_rows_ < max_verify_rows());
+    w.field("lazy_head", verifies_cut_head() && (feed_drafters_ || opts_.context_nodes > 0));
     // the head the verifies run: "lazy" (cut before the head, rows run as read), "full" (every row's
     // head in the decode's graph) or "full up to N rows" (smaller verifies full, larger lazy), and how
     // it was chosen: "costs" (the measured tables, lazy_head.h choose_head), "set" (set_head_mode, a
     // lazy head group, exact batches), or "only" (no lazy head here, or no tables to choose by)
-    const bool no_lazy = head_capture_ == nullptr || full_head_rows_ >= max_verify_rows();
-    w.field("head", no_lazy ? std::string("full")
+    w.field("head", !verifies_cut_head()  ? std::string("full")
                     : full_head_rows_ < 2 ? std::string("lazy")
                                           : "full up to " + std::to_string(full_head_rows_) + " rows");
     w.field("head_chosen_by", head_capture_ == nullptr ? "only"

@@ -103,6 +103,11 @@ struct DeviceCorrection {
     double verify_scale = 1.0;  // the verify steps' device seconds over what the table says
 };
 
+// Whether a verify decode of `batch_rows` rows (every slot's, pending rows included) runs the full
+// head, the sizes up to full_head_rows having been chosen for it (apply_costs): the decode asks it
+// of the batch it makes, the price of the batch it expects, so both decide alike at the cutoff.
+inline bool takes_full_head(int batch_rows, int full_head_rows) { return batch_rows <= full_head_rows; }
+
 // Measured costs: verify_s[B-1] = seconds of a target decode of B rows, draft_s[n-1] = seconds to
 // propose a block of n drafts. Sizes past a table's end cost its last entry.
 struct StepCosts {
@@ -146,7 +151,7 @@ struct StepCosts {
     // An option's price: `committed` tokens over all n_slots slots from a step verifying `rows`
     // rows each after drafting n; the head reads a row per committed token.
     Price price(double committed, int n_slots, int rows, int n) const {
-        const bool full_head = std::max(n_slots, 1) * rows <= full_head_rows;
+        const bool full_head = takes_full_head(std::max(n_slots, 1) * rows, full_head_rows);
         return Price{committed, step_seconds(n_slots, rows, n) +
                                     (full_head ? 0.0 : head_seconds(committed - std::max(n_slots, 1)))};
     }
