@@ -46,7 +46,7 @@ void BatchEngine::commit_chain(int idx, Slot & s, std::vector<int32_t> & counts,
         const StepLedger::Scope kv(stats_.ledger(), Part::Kv);
         llama_memory_seq_rm(llama_get_memory(ctx_.ctx), idx, s.seq().pos + k + 1, -1);  // rejected drafts
     }
-    if (s.request().sampler->params().n_logprobs >= 0) {
+    if (s.wants_logprobs()) {
         s.clear_logprobs();
         for (int j = 0; j <= k; ++j) {  // rows the verify read: the head ran for them already
             s.record_logprob(row(j), target_.n_vocab(), j < k ? drafts[static_cast<size_t>(j)] : v.next);
@@ -93,7 +93,7 @@ void BatchEngine::commit_tree(int idx, Slot & s, std::vector<int32_t> & counts, 
     const DraftTree & t = r.block.tree;
     const std::vector<int32_t> & node_row = r.node_row;
     const int n = t.size();
-    const bool want_logprobs = s.request().sampler->params().n_logprobs >= 0;
+    const bool want_logprobs = s.wants_logprobs();
     if (want_logprobs) s.clear_logprobs();
     const LogitRows logits_at = [&](int node) {
         return row_logits(r.row0 + (node < 0 ? 0 : node_row[static_cast<size_t>(node)]));
@@ -162,7 +162,7 @@ void BatchEngine::commit_prefill(int idx, Slot & s, std::vector<int32_t> & count
         const StepLedger::Scope verify(stats_.ledger(), Part::Verify);
         return first_token(logits, s.sampler());
     }();
-    if (s.request().sampler->params().n_logprobs >= 0) {
+    if (s.wants_logprobs()) {
         s.clear_logprobs();
         s.record_logprob(logits, target_.n_vocab(), first);
     }

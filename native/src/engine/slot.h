@@ -1,7 +1,9 @@
 // A slot of the engine: one request at a time on one llama.cpp sequence. The slot owns its
 // lifecycle (a request begins, its prompt is prefilled, it decodes until it ends or fills its
-// context) and the bookkeeping of what it commits (history, position, anchor); the engine owns the
-// decodes, the KV cells and the stats, and the planner reads slots as they are (const).
+// context) and the bookkeeping of what it commits (history, position, anchor, pending rows) and of
+// its step's rows and plan; the engine owns the decodes, the KV cells and the stats. Its data is
+// private: the engine changes it through methods that say what happens, and the planner and the
+// stats read it through const accessors.
 #pragma once
 
 #include "drafter/drafter.h"
@@ -141,7 +143,9 @@ class Slot {
     // The pending rows are decoded (ahead of this step's rows, or alone when a request ends).
     void pending_decoded() { seq_.pending.clear(); }
 
-    // The logprobs of the tokens this step commits: none yet, then one per token in order.
+    // The logprobs of the tokens this step commits (when the request asked for them): none yet,
+    // then one per token in order.
+    bool wants_logprobs() const { return request_.sampler->params().n_logprobs >= 0; }
     void clear_logprobs() { request_.n_logprobs = 0; }
     void record_logprob(const float * logits, int32_t n_vocab, llama_token token);
 
