@@ -37,84 +37,55 @@ void BatchEngine::add_row(llama_token token, int32_t pos, const std::vector<int3
 // sequence, which holds the context already: it needs no copy before the decode, and the path's
 // cells the commit keeps in place are the slot's without one (each seq_cp walks every cell).
 void BatchEngine::add_tree_rows(int idx, Slot & s) {
-    const DraftTree & t = s.rows.block.tree;
+    s.lay_out_tree(idx, n_slots() + idx * tree_branches_);
+    const Slot::StepRows & r = s.rows();
+    const DraftTree & t = r.block.tree;
     const int n = t.size();
-    std::vector<int32_t> first_child(static_cast<size_t>(n), -1);
-    for (int v = n - 1; v >= 0; --v) {  // children come after their parent: the lowest index wins
-        const int32_t p = t.parent[static_cast<size_t>(v)];
-        if (p >= 0) first_child[static_cast<size_t>(p)] = v;
-    }
-    int32_t chain_leaf = 0;  // node 0 is the root's first child
-    while (n > 0 && first_child[static_cast<size_t>(chain_leaf)] >= 0) chain_leaf = first_child[static_cast<size_t>(chain_leaf)];
-    s.rows.branches.clear();
-    s.rows.branch_leaf.clear();
-    s.rows.node_branch.assign(static_cast<size_t>(n), -1);
-    int32_t n_own = 0;  // branches with a sequence of their own
-    for (int leaf = 0; leaf < n; ++leaf) {
-        if (first_child[static_cast<size_t>(leaf)] >= 0) continue;
-        const int32_t b = leaf == chain_leaf ? idx : n_slots() + idx * tree_branches_ + n_own++;
-        s.rows.branches.push_back(b);
-        s.rows.branch_leaf.push_back(leaf);
-        for (int v = leaf; v >= 0 && s.rows.node_branch[static_cast<size_t>(v)] < 0; v = t.parent[static_cast<size_t>(v)]) {
-            s.rows.node_branch[static_cast<size_t>(v)] = b;
-        }
-    }
     {
         const StepLedger::Scope kv(stats_.ledger(), Part::Kv);
-        for (const int32_t b : s.rows.branches) {
+        for (const int32_t b : r.branches) {
             if (b != idx) sync_branch(idx, b);
         }
     }
-    add_pending_rows(s, s.rows.branches);  // committed: in the slot and every branch
-    s.rows.row0 = batch_.n_tokens;
-    add_row(s.seq.anchor, s.seq.pos, s.rows.branches, true);
-    // Depth first, best child first: a row's cells come in batch order, so the first-child chain
-    // sits at the cells of its positions and every path's cells increase with depth. Flash
-    // attention then sums each row's keys in position order, as a chain's, gaps skipped
-    // (benchmarks/tree_attention.py: bit-identical rows); the commit keeps that order (commit_tree).
-    s.rows.node_row.assign(static_cast<size_t>(n), 0);
-    std::vector<int32_t> stack;
+    add_pending_rows(s, r.branches);  // committed: in the slot and every branch
+    s.place_anchor(batch_.n_tokens);
+    add_row(s.seq().anchor, s.seq().pos, r.branches, true);
+    // the nodes in their rows' order (Slot::lay_out_tree: depth first, best child first), so that
+    // flash attention sums each row's keys in position order, as a chain's, gaps skipped
+    // (benchmarks/tree_attention.py: bit-identical rows)
+    std::vector<int32_t> row_node(static_cast<size_t>(n), 0);
+    for (int v = 0; v < n; ++v) row_node[static_cast<size_t>(r.node_row[static_cast<size_t>(v)] - 1)] = v;
     const std::vector<int32_t> no_seqs;  // (filled in below)
-    for (int v = n - 1; v >= 0; --v) {
-        if (t.parent[static_cast<size_t>(v)] < 0) stack.push_back(v);  // later siblings deeper in the stack
-    }
-    int32_t row = 1;
-    while (!stack.empty()) {
-        const int32_t v = stack.back();
-        stack.pop_back();
-        s.rows.node_row[static_cast<size_t>(v)] = row++;
-        add_row(t.token[static_cast<size_t>(v)], s.seq.pos + t.depth[static_cast<size_t>(v)], no_seqs, true);
-        for (int c = n - 1; c > v; --c) {
-            if (t.parent[static_cast<size_t>(c)] == v) stack.push_back(c);
-        }
+    for (const int32_t v : row_node) {
+        add_row(t.token[static_cast<size_t>(v)], s.seq().pos + t.depth[static_cast<size_t>(v)], no_seqs, true);
     }
     // every node's row in the sequences of the leaves below it, in leaf order
-    for (size_t i = 0; i < s.rows.branches.size(); ++i) {
-        for (int v = s.rows.branch_leaf[i]; v >= 0; v = t.parent[static_cast<size_t>(v)]) {
-            const int32_t r = s.rows.row0 + s.rows.node_row[static_cast<size_t>(v)];
-            batch_.seq_id[r][batch_.n_seq_id[r]++] = s.rows.branches[i];
+    for (size_t i = 0; i < r.branches.size(); ++i) {
+        for (int v = r.branch_leaf[i]; v >= 0; v = t.parent[static_cast<size_t>(v)]) {
+            const int32_t row = r.row0 + r.node_row[static_cast<size_t>(v)];
+            batch_.seq_id[row][batch_.n_seq_id[row]++] = r.branches[i];
         }
     }
 }
 
-void BatchEngine::add_pending_rows(Slot & s, const std::vector<int32_t> & seqs) {
-    for (size_t j = 0; j < s.seq.pending.size(); ++j) {
-        add_row(s.seq.pending[j], s.seq.pending_pos0 + static_cast<int32_t>(j), seqs, true);
+void BatchEngine::add_pending_rows(const Slot & s, const std::vector<int32_t> & seqs) {
+    for (size_t j = 0; j < s.seq().pending.size(); ++j) {
+        add_row(s.seq().pending[j], s.seq().pending_pos0 + static_cast<int32_t>(j), seqs, true);
     }
 }
 
 void BatchEngine::flush_pending(int idx, Slot & s) {
-    if (s.seq.pending.empty() || s.state == State::Idle) {
+    if (s.seq().pending.empty() || s.state() == State::Idle) {
         return;
     }
     try {
         batch_.n_tokens = 0;
         add_pending_rows(s, {idx});
         decode_batch(true);
-        s.seq.pending.clear();
+        s.pending_decoded();
     } catch (const Error &) {
         // the sequence keeps what it held; stop() cuts the slot's history back to that
-        llama_memory_seq_rm(llama_get_memory(ctx_.ctx), idx, s.seq.pending_pos0, -1);
+        llama_memory_seq_rm(llama_get_memory(ctx_.ctx), idx, s.seq().pending_pos0, -1);
     }
 }
 
@@ -146,11 +117,10 @@ void BatchEngine::remove_branches(Slot & s) {
     const StepLedger::Scope kv(stats_.ledger(), Part::Kv);
     llama_memory_t mem = llama_get_memory(ctx_.ctx);
     const auto idx = static_cast<int32_t>(&s - slots_.data());
-    for (const int32_t b : s.rows.branches) {
-        llama_memory_seq_rm(mem, b, b == idx ? s.seq.pos : -1, -1);  // the slot's own keeps its context
+    for (const int32_t b : s.rows().branches) {
+        llama_memory_seq_rm(mem, b, b == idx ? s.seq().pos : -1, -1);  // the slot's own keeps its context
     }
-    s.rows.branches.clear();
-    s.rows.branch_leaf.clear();
+    s.drop_branches();
 }
 
 void BatchEngine::add_filler_rows(int seq, int n) {
@@ -263,7 +233,7 @@ int32_t BatchEngine::add_group_rows(int n_rows, const std::vector<int> & members
         }
         ++next;
         Slot & s = slots_[static_cast<size_t>(i)];
-        if (s.rows.block.is_tree) {
+        if (s.rows().block.is_tree) {
             add_tree_rows(i, s);  // its pending rows first, then the anchor (row0) and the nodes
         } else {
             add_chain_rows(i, s);
@@ -274,11 +244,11 @@ int32_t BatchEngine::add_group_rows(int n_rows, const std::vector<int> & members
 
 void BatchEngine::add_chain_rows(int idx, Slot & s) {
     add_pending_rows(s, {idx});
-    s.rows.row0 = batch_.n_tokens;
-    add_row(s.seq.anchor, s.seq.pos, idx, true);
-    const std::vector<llama_token> & drafts = s.rows.block.tokens;
+    s.place_anchor(batch_.n_tokens);
+    add_row(s.seq().anchor, s.seq().pos, idx, true);
+    const std::vector<llama_token> & drafts = s.rows().block.tokens;
     for (size_t j = 0; j < drafts.size(); ++j) {
-        add_row(drafts[j], s.seq.pos + 1 + static_cast<int32_t>(j), idx, true);
+        add_row(drafts[j], s.seq().pos + 1 + static_cast<int32_t>(j), idx, true);
     }
 }
 
@@ -309,10 +279,10 @@ int BatchEngine::prefill_chunks(std::vector<int32_t> & counts, std::vector<llama
     for (int k = 0; k < n_slots_i && rows_left > 0; ++k) {
         const int i = (prefill_cursor_ + k) % n_slots_i;
         Slot & s = slots_[static_cast<size_t>(i)];
-        if (s.state != State::Prefill) {
+        if (s.state() != State::Prefill) {
             continue;
         }
-        const int32_t left = static_cast<int32_t>(s.request.prompt.size()) - s.seq.n_prefilled;
+        const int32_t left = static_cast<int32_t>(s.request().prompt.size()) - s.seq().n_prefilled;
         const int32_t chunk = std::min(left, rows_left);
         if (exact_rows_ > 0 && chunk < std::min(left, batch_cap_)) {
             continue;  // exact batches: plain decoding's whole chunk, at a later step
@@ -321,13 +291,12 @@ int BatchEngine::prefill_chunks(std::vector<int32_t> & counts, std::vector<llama
         {
             const StepLedger::Scope build(stats_.ledger(), Part::Build);
             batch_.n_tokens = 0;
-            s.rows.row0 = 0;
+            s.place_prompt_chunk(chunk);
             for (int32_t j = 0; j < chunk; ++j) {
-                const int32_t p = s.seq.n_prefilled + j;
-                add_row(s.request.prompt[static_cast<size_t>(p)], p, i, j == left - 1 || target_.outputs_all_rows());
+                const int32_t p = s.seq().n_prefilled + j;
+                add_row(s.request().prompt[static_cast<size_t>(p)], p, i, j == left - 1 || target_.outputs_all_rows());
             }
         }
-        s.rows.n_rows = chunk;
         decode_batch(true);
         rows += chunk;
         rows_left -= chunk;

@@ -176,9 +176,9 @@ void BatchEngine::init(const std::vector<Drafter *> & drafters, bool has_head) {
         source_opts.feature_width = target_.feature_width();
         source_opts.max_draft = max_draft_;
         for (Slot & s : slots_) {
-            s.drafting.feed.features.reserve(static_cast<size_t>(batch_cap_ + max_draft_ + 1) * width);
-            s.drafting.feed.positions.reserve(static_cast<size_t>(batch_cap_ + max_draft_ + 1));
-            s.drafting.sources.add(std::make_unique<DFlashDraftSource>(*s.drafting.drafter, s.drafting.feed,
+            s.feed().features.reserve(static_cast<size_t>(batch_cap_ + max_draft_ + 1) * width);
+            s.feed().positions.reserve(static_cast<size_t>(batch_cap_ + max_draft_ + 1));
+            s.sources().add(std::make_unique<DFlashDraftSource>(*s.drafter(), s.feed(),
                                                                        source_kit_.lattice, target_.vocab(), source_opts));
         }
     }
@@ -213,7 +213,7 @@ void BatchEngine::init_drafters(const std::vector<Drafter *> & drafters, bool ha
             throw Error("tree verification needs a DFlash2 drafter (its selector lattice holds the paths)");
         }
         max_draft_ = std::min<int>(max_draft_, static_cast<int>(hp.block_size) - 1);
-        slots_[i].drafting.drafter = d;
+        slots_[i].set_drafter(d);
     }
     if (opts.draft_length == DraftLength::Fixed) {
         max_draft_ = std::min(max_draft_, opts.n_max);
@@ -248,25 +248,28 @@ void BatchEngine::queue_rows(Slot & s, const std::vector<int32_t> & rows, int32_
         return;  // (a starved plain step: the drafter does without these rows)
     }
     const StepLedger::Scope features(stats_.ledger(), Part::Features);
-    target_.append_features(rows.data(), static_cast<int32_t>(rows.size()), s.drafting.feed.features);
+    DrafterFeed & feed = s.feed();
+    target_.append_features(rows.data(), static_cast<int32_t>(rows.size()), feed.features);
     for (size_t i = 0; i < rows.size(); ++i) {
-        s.drafting.feed.positions.push_back(pos0 + static_cast<int32_t>(i));
+        feed.positions.push_back(pos0 + static_cast<int32_t>(i));
     }
 }
 
 void BatchEngine::flush_rows(Slot & s) {
-    if (s.drafting.feed.positions.empty()) {
+    DrafterFeed & feed = s.feed();
+    if (feed.positions.empty()) {
         return;
     }
     const StepLedger::Scope inject(stats_.ledger(), Part::Inject);
-    const double setup0 = s.drafting.drafter->graph_setup_seconds();
-    const uint64_t builds0 = s.drafting.drafter->n_graph_builds();
-    s.drafting.drafter->inject(s.drafting.feed.features.data(), static_cast<size_t>(target_.feature_width()),
-                      s.drafting.feed.positions.data(), static_cast<int>(s.drafting.feed.positions.size()));
-    s.drafting.feed.features.clear();
-    s.drafting.feed.positions.clear();
-    stats_.ledger().add(Part::GraphSetup, s.drafting.drafter->graph_setup_seconds() - setup0);
-    stats_.graph_builds(static_cast<int64_t>(s.drafting.drafter->n_graph_builds() - builds0));
+    Drafter & drafter = *s.drafter();
+    const double setup0 = drafter.graph_setup_seconds();
+    const uint64_t builds0 = drafter.n_graph_builds();
+    drafter.inject(feed.features.data(), static_cast<size_t>(target_.feature_width()), feed.positions.data(),
+                   static_cast<int>(feed.positions.size()));
+    feed.features.clear();
+    feed.positions.clear();
+    stats_.ledger().add(Part::GraphSetup, drafter.graph_setup_seconds() - setup0);
+    stats_.graph_builds(static_cast<int64_t>(drafter.n_graph_builds() - builds0));
 }
 
 // A step: the verify rows, then prompt chunks; the cost model learns the host work of steps that
@@ -307,7 +310,7 @@ BatchEngine::VerifyShape BatchEngine::verify_step(std::vector<int32_t> & counts,
     counts.assign(slots_.size(), 0);
     tokens.assign(slots_.size() * (static_cast<size_t>(step_width_) + 1), -1);
     for (Slot & s : slots_) {
-        s.request.n_logprobs = 0;
+        s.clear_logprobs();
     }
     StepPlan plan = [&] {
         const StepLedger::Scope planning(stats_.ledger(), Part::Plan);
@@ -332,8 +335,8 @@ BatchEngine::VerifyShape BatchEngine::verify_step(std::vector<int32_t> & counts,
         shape.rows_per_slot = n_rows;
         for (const int i : members) {
             Slot & s = slots_[static_cast<size_t>(i)];
-            s.seq.pending.clear();  // decoded ahead of this step's rows
-            if (s.rows.block.is_tree) {
+            s.pending_decoded();  // ahead of this step's rows
+            if (s.rows().block.is_tree) {
                 commit_tree(i, s, counts, tokens);
             } else {
                 commit_chain(i, s, counts, tokens);

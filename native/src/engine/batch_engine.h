@@ -248,7 +248,7 @@ class BatchEngine {
     DraftRequest draft_request(Slot & s, int n, int tree_budget) const;
     static double expected_committed(const SlotPlan & p, const SlotView & v);  // a chain's or tree's plan
     void plan_context(StepPlan & plan, const std::vector<SlotView> & views);  // known candidates alone or merged
-    void draft_merged(size_t i, const SlotPlan & p);
+    void draft_merged(Slot & s, const SlotPlan & p, DraftBlock & block);  // into the slot's block
     void record_draft_times(const DraftBlock & block);
     int context_prefix(const DraftBlock & b) const;  // the merged tree's best prefix
 
@@ -262,7 +262,7 @@ class BatchEngine {
     void sync_branch(int idx, int32_t b);        // branch b holds the slot's committed context
     void cut_branches(int idx, llama_pos p0);    // the slot's branches lose positions >= p0
     void remove_branches(Slot & s);  // the tree's branch sequences emptied (a failed decode)
-    void add_pending_rows(Slot & s, const std::vector<int32_t> & seqs);
+    void add_pending_rows(const Slot & s, const std::vector<int32_t> & seqs);
     void flush_pending(int idx, Slot & s);  // decodes them alone (a request ends with some)
     // n rows for sequence seq after what it holds, when its stream has room: see add_group_rows()
     void add_filler_rows(int seq, int n);
@@ -288,7 +288,6 @@ class BatchEngine {
                        const std::vector<char> * node_accepted, std::vector<int32_t> & counts,
                        std::vector<llama_token> & tokens);
     void commit_prefill(int idx, Slot & s, std::vector<int32_t> & counts, std::vector<llama_token> & tokens);
-    void record_logprob(Slot & s, const float * logits, llama_token token);
     void cut_tree_at_once(const Slot & s, const std::vector<int32_t> & path, int n_in_place);
     void write_context_stats(JsonWriter & w) const;  // batch_engine_stats.cpp
     void write_head_stats(JsonWriter & w) const;

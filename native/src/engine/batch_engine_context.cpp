@@ -19,7 +19,7 @@ constexpr size_t CONTEXT_CACHE_TOKENS = size_t{1} << 17;
 }  // namespace
 
 void BatchEngine::init_context() {
-    for (Slot & s : slots_) s.drafting.sources.add(make_draft_source("context", source_kit_));
+    for (Slot & s : slots_) s.sources().add(make_draft_source("context", source_kit_));
     set_context_cache_limits(CONTEXT_CACHE_KEYS, CONTEXT_CACHE_DOCUMENTS, CONTEXT_CACHE_TOKENS);
 }
 
@@ -28,9 +28,9 @@ void BatchEngine::add_draft_source(const std::string & name) {
         throw Error("draft source '" + name + "' needs merged trees: make the engine with context_nodes > 0");
     }
     for (const Slot & s : slots_) {
-        if (s.state != State::Idle) throw Error("draft sources are added while every slot is idle");
+        if (s.state() != State::Idle) throw Error("draft sources are added while every slot is idle");
     }
-    for (Slot & s : slots_) s.drafting.sources.add(make_draft_source(name, source_kit_));
+    for (Slot & s : slots_) s.sources().add(make_draft_source(name, source_kit_));
 }
 
 void BatchEngine::set_context_cache_limits(size_t max_keys, int max_documents, size_t max_tokens) {
@@ -48,8 +48,7 @@ void BatchEngine::set_context_drafts(int slot, ContextDrafts mode, const std::st
     if (mode != ContextDrafts::Off && opts_.context_nodes == 0) {
         throw Error("context drafts are off in this engine (it was made without context_nodes)");
     }
-    s.context_mode = mode;
-    s.context_key = key;
+    s.set_context_drafts(mode, key);
 }
 
 }  // namespace pdf2

@@ -70,13 +70,13 @@ std::vector<double> medians(const std::vector<std::vector<double>> & samples) {
 // lazy head, one more row read times the head's product (into head_times), and cut_seen notes a
 // decode that stopped before the head. The rows are removed again.
 double BatchEngine::timed_verify(int slot, int b, bool lazy, bool & cut_seen, std::vector<double> & head_times) {
-    Slot & s = slot_at(slot);
+    const Slot & s = slot_at(slot);
     llama_memory_t mem = llama_get_memory(ctx_.ctx);
     double t = 0.0;
     for (int k = 0; k < 2; ++k) {
         batch_.n_tokens = 0;
         for (int j = 0; j < b; ++j) {
-            add_row(s.seq.anchor, s.seq.pos + j, slot, true);
+            add_row(s.seq().anchor, s.seq().pos + j, slot, true);
         }
         const auto t0 = Clock::now();
         decode_batch(false, lazy);
@@ -88,7 +88,7 @@ double BatchEngine::timed_verify(int slot, int b, bool lazy, bool & cut_seen, st
             (void) row_logits(1);
             head_times.push_back(seconds_since(t1));
         }
-        llama_memory_seq_rm(mem, slot, s.seq.pos, -1);
+        llama_memory_seq_rm(mem, slot, s.seq().pos, -1);
     }
     return t;
 }
@@ -96,12 +96,12 @@ double BatchEngine::timed_verify(int slot, int b, bool lazy, bool & cut_seen, st
 void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify_s, std::vector<double> & draft_s,
                                 double & plain_s, double & head_s, std::vector<double> & verify_full_s) {
     Slot & s = slot_at(slot);
-    if (s.state != State::Decode || (s.drafting.drafter == nullptr && max_draft_ > 0)) {
+    if (s.state() != State::Decode || (s.drafter() == nullptr && max_draft_ > 0)) {
         throw Error("measure_costs() needs a slot that has finished its prefill (and its drafter)");
     }
     reps = std::max(1, reps);
     const int max_b = max_verify_rows();
-    if (s.seq.pos + max_b > opts_.n_ctx_slot) {
+    if (s.seq().pos + max_b > opts_.n_ctx_slot) {
         throw Error("context too small to measure costs");
     }
     flush_rows(s);
@@ -147,8 +147,8 @@ void BatchEngine::measure_costs(int slot, int reps, std::vector<double> & verify
         }
         for (int n = 1; n <= max_draft_; ++n) {
             const auto t0 = Clock::now();
-            s.drafting.drafter->propose(s.seq.anchor, s.seq.pos, n + 1);
-            (void) s.drafting.drafter->select_path(SelectorMode::Greedy, 0.0f, 0, opts_.q_top_k);
+            s.drafter()->propose(s.seq().anchor, s.seq().pos, n + 1);
+            (void) s.drafter()->select_path(SelectorMode::Greedy, 0.0f, 0, opts_.q_top_k);
             dt[static_cast<size_t>(n - 1)].push_back(seconds_since(t0));
         }
     }

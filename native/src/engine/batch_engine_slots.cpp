@@ -36,7 +36,7 @@ void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, std::
     if (max_tokens < 0) {
         throw Error("max_tokens must be >= 0 (0: no limit), got " + std::to_string(max_tokens));
     }
-    if (s.state != State::Idle) {
+    if (s.state() != State::Idle) {
         throw Error("slot " + std::to_string(slot) + " is busy: stop it first");
     }
     if (prompt.empty()) {
@@ -57,17 +57,17 @@ void BatchEngine::start(int slot, const std::vector<llama_token> & prompt, std::
         // (another engine's tree branches keep theirs after a request): left in a unified cache, they
         // move where this request's rows land and how many cells attention reads, which flips near-ties
         target_.claim();
-        s.seq.history.clear();
+        s.forget_history();
         llama_memory_clear(llama_get_memory(ctx_.ctx), false);
     }
     const int32_t keep = reuse_prefix(s, slot, prompt);
-    stats_.start(s.request.stats, static_cast<int64_t>(prompt.size()), keep, step_width_, max_draft_);
+    stats_.start(s.stats(), static_cast<int64_t>(prompt.size()), keep, step_width_, max_draft_);
     s.begin(prompt, std::move(sampler), max_tokens, keep);
 }
 
 void BatchEngine::stop(int slot) {
     Slot & s = slot_at(slot);
-    if (s.state == State::Idle) {
+    if (s.state() == State::Idle) {
         return;
     }
     flush_pending(slot, s);
@@ -91,7 +91,7 @@ size_t reusable_rows(const std::vector<llama_token> & history, const std::vector
 
 int32_t BatchEngine::cached_prefix(int slot, const std::vector<llama_token> & prompt) {
     const Slot & s = slot_at(slot);
-    if (s.state != State::Idle) {
+    if (s.state() != State::Idle) {
         throw Error("slot " + std::to_string(slot) + " is busy");
     }
     return reusable_prefix(s, prompt);
@@ -102,11 +102,11 @@ int32_t BatchEngine::cached_prefix(int slot, const std::vector<llama_token> & pr
 // the last prompt's whole chunks are its rows; rows after them (a partial chunk, generated tokens)
 // were decoded in other shapes.
 int32_t BatchEngine::reusable_prefix(const Slot & s, const std::vector<llama_token> & prompt) const {
-    const auto keep = static_cast<int32_t>(reusable_rows(s.seq.history, prompt));
+    const auto keep = static_cast<int32_t>(reusable_rows(s.seq().history, prompt));
     if (exact_rows_ == 0) {
         return keep;
     }
-    return std::min(keep, s.seq.prompt_rows) / batch_cap_ * batch_cap_;
+    return std::min(keep, s.seq().prompt_rows) / batch_cap_ * batch_cap_;
 }
 
 void BatchEngine::set_exact_batches(int max_rows) {
@@ -142,18 +142,9 @@ BatchEngine::Decodes BatchEngine::group_decodes(const Groups & groups) const {
 
 int32_t BatchEngine::reuse_prefix(Slot & s, int slot, const std::vector<llama_token> & prompt) {
     const int32_t k = reusable_prefix(s, prompt);
-    const auto keep = static_cast<size_t>(k);
     llama_memory_seq_rm(llama_get_memory(ctx_.ctx), slot, k, -1);
     cut_branches(slot, k);  // the branches keep a prefix of the slot's context (sync_branch)
-    if (s.drafting.drafter != nullptr) {
-        s.drafting.drafter->truncate(k);
-        // rows committed but not yet injected: keep those below k (positions ascend)
-        const auto cut = std::lower_bound(s.drafting.feed.positions.begin(), s.drafting.feed.positions.end(), k);
-        const size_t n_kept = static_cast<size_t>(cut - s.drafting.feed.positions.begin());
-        s.drafting.feed.positions.resize(n_kept);
-        s.drafting.feed.features.resize(n_kept * static_cast<size_t>(target_.feature_width()));
-    }
-    s.seq.history.resize(keep);
+    s.cut_to(k, target_.feature_width());
     return k;
 }
 

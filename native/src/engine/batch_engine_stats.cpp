@@ -72,7 +72,7 @@ void BatchEngine::write_source_stats(JsonWriter & w, const Slot * slot) const {
     std::map<std::string, std::pair<int64_t, double>> calls;  // every call the dispatcher made, its seconds
     for (const Slot & s : slots_) {
         if (slot != nullptr && &s != slot) continue;
-        const SlotSources & sources = s.drafting.sources;
+        const SlotSources & sources = s.sources();
         for (int i = 0; i < sources.size(); ++i) {
             const std::string name = sources.all()[static_cast<size_t>(i)]->name();
             const SourceStats & st = sources.stats(i);
@@ -112,7 +112,7 @@ void BatchEngine::write_context_stats(JsonWriter & w) const {
     SourceCounts lattice, context;
     std::vector<int64_t> context_per_depth(static_cast<size_t>(step_width_), 0);
     for (const Slot & s : slots_) {
-        const SlotSources & sources = s.drafting.sources;
+        const SlotSources & sources = s.sources();
         for (int i = 0; i < sources.size(); ++i) {
             const std::string name = sources.all()[static_cast<size_t>(i)]->name();
             if (name != "context" && name != "lattice") continue;
@@ -218,7 +218,7 @@ std::string BatchEngine::stats_json() const {
     write_source_stats(w, nullptr);
     int64_t busy = 0;
 
-    for (const Slot & s : slots_) busy += s.state == State::Idle ? 0 : 1;
+    for (const Slot & s : slots_) busy += s.state() == State::Idle ? 0 : 1;
     w.field("busy_slots", busy);
     if (cost_model_.max_tree_budget() > 0) cost_model_.write_json(w);
     // the cost model's decisions at the last step that verified rows: every option priced, the chosen one
@@ -231,7 +231,7 @@ std::string BatchEngine::stats_json() const {
 
 std::string BatchEngine::slot_stats_json(int slot) {
     Slot & s = slot_at(slot);
-    const SlotStats & st = s.request.stats;
+    const SlotStats & st = s.request().stats;
     JsonWriter w;
     w.begin_object();
     w.field("n_prompt", st.n_prompt);
@@ -248,11 +248,12 @@ std::string BatchEngine::slot_stats_json(int slot) {
     w.field("n_tree_steps", st.n_tree_steps);
     SourceCounts lattice, context;
     std::vector<double> acceptance;  // the proposing source's chain acceptance (its offer)
-    for (int i = 0; i < s.drafting.sources.size(); ++i) {
-        const std::string name = s.drafting.sources.all()[static_cast<size_t>(i)]->name();
-        if (name == "lattice") lattice = s.drafting.sources.stats(i).request;
-        if (name == "context") context = s.drafting.sources.stats(i).request;
-        if (acceptance.empty()) acceptance = s.drafting.sources.offer(i, OfferRequest{}).chain_acceptance;
+    SlotSources & sources = s.sources();  // (offer() asks the sources: not const)
+    for (int i = 0; i < sources.size(); ++i) {
+        const std::string name = sources.all()[static_cast<size_t>(i)]->name();
+        if (name == "lattice") lattice = sources.stats(i).request;
+        if (name == "context") context = sources.stats(i).request;
+        if (acceptance.empty()) acceptance = sources.offer(i, OfferRequest{}).chain_acceptance;
     }
     w.field("lattice_drafted", lattice.nodes);
     w.field("lattice_accepted", lattice.accepted);

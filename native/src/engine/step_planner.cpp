@@ -61,29 +61,30 @@ int BatchEngine::row_share(int n_decoding) const {
 std::vector<BatchEngine::SlotView> BatchEngine::slot_views() {
     std::vector<SlotView> views;
     for (size_t i = 0; i < slots_.size(); ++i) {
-        if (slots_[i].state == State::Decode) views.push_back(SlotView{i, &slots_[i]});
+        if (slots_[i].state() == State::Decode) views.push_back(SlotView{i, &slots_[i]});
     }
     const int share = row_share(static_cast<int>(views.size()));
     for (SlotView & v : views) {
-        Slot & s = slots_[v.index];
-        std::vector<Offer> offers = s.drafting.sources.offers(OfferRequest{});
+        Slot & s = slots_[v.index];  // (its sources are asked for offers: not const)
+        std::vector<Offer> offers = s.sources().offers(OfferRequest{});
         for (size_t j = 0; j < offers.size() && v.proposer < 0; ++j) {
             if (!offers[j].proposes()) continue;
             v.proposer = static_cast<int>(j);
             v.proposal = std::move(offers[j]);
         }
         if (opts_.context_nodes == 0) continue;
-        const int room = opts_.n_ctx_slot - s.seq.pos - 1;
+        const int room = opts_.n_ctx_slot - s.seq().pos - 1;
         int depth = std::min(kContextMaxDepth, room);
-        if (s.request.max_tokens > 0) {
-            depth = std::min<int>(depth, s.request.max_tokens - static_cast<int>(s.request.stats.n_generated) - 1);
+        const Slot::Request & r = s.request();
+        if (r.max_tokens > 0) {
+            depth = std::min<int>(depth, r.max_tokens - static_cast<int>(r.stats.n_generated) - 1);
         }
-        int nodes = std::min(opts_.context_nodes, share - static_cast<int>(s.seq.pending.size()));
+        int nodes = std::min(opts_.context_nodes, share - static_cast<int>(s.seq().pending.size()));
         if (borrowed_) nodes = std::min(nodes, room);  // a borrowed context holds no cells beyond its size
         if (opts_.tree_budget > 0 && !opts_.tree_auto) nodes = std::min(nodes, opts_.tree_budget);  // a fixed budget
         if (depth <= 0 || nodes <= 0) continue;
         const StepLedger::Scope offer_scope(stats_.ledger(), Part::Offers);
-        v.known = s.drafting.sources.merged().expected_accepted(s.drafting.sources, depth, nodes, kContextBranches);
+        v.known = s.sources().merged().expected_accepted(s.sources(), depth, nodes, kContextBranches);
         v.merge_depth = depth;
         v.merge_nodes = nodes;
     }
@@ -184,13 +185,14 @@ BatchEngine::SlotPlan BatchEngine::plan_slot(const StepPlan & plan, const SlotVi
     // a probing slot drafts its probe (in a group of its own when the others do not draft)
     const int wanted = static_cast<int>(i) == plan.probe_slot ? std::max(plan.probe_length, plan.common_length)
                                                               : plan.common_length;
-    const int room = opts_.n_ctx_slot - s.seq.pos - 1;
+    const int room = opts_.n_ctx_slot - s.seq().pos - 1;
     int n = plan.slots[i].proposer < 0 ? 0 : std::min({wanted, room, plan.row_share});
-    if (s.request.max_tokens > 0) {
+    const Slot::Request & r = s.request();
+    if (r.max_tokens > 0) {
         // no rows past the request's last token (a slot near its end may verify in a group of its own)
-        n = std::max(0, std::min<int>(n, s.request.max_tokens - static_cast<int>(s.request.stats.n_generated) - 1));
+        n = std::max(0, std::min<int>(n, r.max_tokens - static_cast<int>(r.stats.n_generated) - 1));
     }
-    const int n_pending = static_cast<int>(s.seq.pending.size());
+    const int n_pending = static_cast<int>(s.seq().pending.size());
     out.n_drafts = std::max(0, std::min(n, plan.row_share - n_pending));
     if (plan.tree_budget > 0 && out.n_drafts > 0) {
         // its rows share the batch like a chain's; a borrowed context holds no cells beyond its size
@@ -203,14 +205,15 @@ BatchEngine::SlotPlan BatchEngine::plan_slot(const StepPlan & plan, const SlotVi
 BatchEngine::Groups BatchEngine::draft_blocks(const StepPlan & plan) {
     Groups groups;  // a slot near its context end drafts less: a group of its own
     for (const size_t i : plan.decoding) {
-        Slot & s = slots_[i];
+        const Slot & s = slots_[i];
         {
             const StepLedger::Scope planning(stats_.ledger(), Part::Plan);
             price_plan(plan, i);
         }
         draft(i, plan.slots[i]);
         // a grammar may end the block early
-        groups[static_cast<int>(s.seq.pending.size() + s.rows.block.tokens.size()) + 1].push_back(static_cast<int>(i));
+        groups[static_cast<int>(s.seq().pending.size() + s.rows().block.tokens.size()) + 1].push_back(
+            static_cast<int>(i));
     }
     return groups;
 }
@@ -220,46 +223,45 @@ BatchEngine::Groups BatchEngine::draft_blocks(const StepPlan & plan) {
 void BatchEngine::price_plan(const StepPlan & plan, size_t i) {
     Slot & s = slots_[i];
     const SlotPlan & p = plan.slots[i];
-    s.plan_rate = s.plain_rate = 0.0;
+    s.price(0.0, 0.0);
     if (p.decision < 0) return;
     const Decision & d = plan.decisions[static_cast<size_t>(p.decision)];
-    stats_.decided(s.request.stats, d);
+    stats_.decided(s.stats(), d);
     if (!d.priced) return;
-    if (d.choice()->name() == p.name()) s.plan_rate = d.choice()->price.rate() / d.n_slots;
+    double rate = 0.0, plain_rate = 0.0;
+    if (d.choice()->name() == p.name()) rate = d.choice()->price.rate() / d.n_slots;
     for (const Decision & any : plan.decisions) {
         if (!any.priced || (any.slot >= 0 && any.slot != static_cast<int>(i))) continue;
         for (const PricedOption & o : any.options) {
-            if (!o.merged && o.drafts == 0) s.plain_rate = o.price.rate() / any.n_slots;
+            if (!o.merged && o.drafts == 0) plain_rate = o.price.rate() / any.n_slots;
         }
     }
+    s.price(rate, plain_rate);
 }
 
 // What a slot's source is asked for: n drafts (a tree of tree_budget nodes when > 0) after its anchor.
 DraftRequest BatchEngine::draft_request(Slot & s, int n, int tree_budget) const {
     DraftRequest req;
-    req.anchor = s.seq.anchor;
-    req.pos = s.seq.pos;
+    req.anchor = s.seq().anchor;
+    req.pos = s.seq().pos;
     req.n = n;
     req.tree_budget = tree_budget;
-    req.sampler = s.request.sampler.get();
+    req.sampler = &s.sampler();
     return req;
 }
 
 void BatchEngine::draft(size_t i, const SlotPlan & p) {
     Slot & s = slots_[i];
-    DraftBlock & block = s.rows.block;
-    block.clear();
-    s.plan = p.name();
-    s.plan_expected = p.expected;
+    DraftBlock & block = s.plan_block(p.name(), p.expected);
     if (p.merged) {
-        draft_merged(i, p);
+        draft_merged(s, p, block);
         return;
     }
     if (p.n_drafts <= 0) {
         return;
     }
     const StepLedger::Scope select(stats_.ledger(), Part::Select);  // the source's own timers split it
-    s.drafting.sources.draft(p.proposer, draft_request(s, p.n_drafts, p.tree_budget), block);
+    s.sources().draft(p.proposer, draft_request(s, p.n_drafts, p.tree_budget), block);
     record_draft_times(block);
 }
 
@@ -273,20 +275,19 @@ void BatchEngine::record_draft_times(const DraftBlock & block) {
 // A merged tree (merged_draft_source.h): the known candidates alone (no propose), or with the
 // proposer's block (its tree at the merged tree's node budget, or a DFlash1 chain); the cost model
 // keeps its best prefix, and expects what the kept nodes' estimates add up to.
-void BatchEngine::draft_merged(size_t i, const SlotPlan & p) {
-    Slot & s = slots_[i];
-    DraftBlock & block = s.rows.block;
+void BatchEngine::draft_merged(Slot & s, const SlotPlan & p, DraftBlock & block) {
     DraftRequest req = draft_request(s, p.propose ? std::max(1, std::min(max_draft_, p.merge_depth)) : 0, p.merge_nodes);
     req.depth = p.merge_depth;
     req.max_leaves = p.propose ? tree_branches_ : kContextBranches;
     const StepLedger::Scope select(stats_.ledger(), Part::Select);  // the source's own timers split it
-    s.drafting.sources.merged().draft(s.drafting.sources, req, block);
+    s.sources().merged().draft(s.sources(), req, block);
     truncate_block(block, context_prefix(block));
     record_draft_times(block);
-    s.plan_expected = 1.0;
-    for (const double logp : block.tree.logp) s.plan_expected += std::exp(logp);
+    double expected = 1.0;
+    for (const double logp : block.tree.logp) expected += std::exp(logp);
+    s.expect(expected);
     if (!block.tokens.empty()) {
-        stats_.merged_step(s.request.stats, /*propose_skipped =*/!p.propose && p.proposer >= 0);
+        stats_.merged_step(s.stats(), /*propose_skipped =*/!p.propose && p.proposer >= 0);
     }
 }
 
