@@ -85,7 +85,7 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=7000, help="the first request's tokens, tools included")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--flash-attn", default="default,off", help="comma-separated: default, on, off")
-    ap.add_argument("--serve-args", default="", help="more arguments for pydflash2 serve (e.g. '--model X --draft none')")
+    ap.add_argument("--serve-args", default="", help="more arguments for serve ('--model X --draft none')")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, _stop_all_and_exit)
     rows = []
