@@ -113,6 +113,12 @@ def main() -> int:
                 prompt = u.get("input_tokens", 0) + u.get("cache_read_input_tokens", 0)
                 rows.append((fa, name, prompt, u.get("cache_read_input_tokens", 0), t["timings"].get("prompt_n", 0),
                              t["timings"].get("prompt_ms", 0.0) / 1e3, t["ttft_s"], t["total_s"]))
+            for name, t in (("first", first), ("follow-up", second)):
+                ledger = t["timings"].get("ledger") or {}
+                parts = {k[:-3]: v * ledger["steps"] / 1e3 for k, v in ledger.items() if k.endswith("_ms")}
+                shown = ", ".join(f"{k} {v:.2f}" for k, v in sorted(parts.items(), key=lambda x: -x[1]) if v >= 0.01)
+                print(f"flash-attn {fa}, {name} turn: the engine's seconds by part ({ledger.get('steps')} steps): "
+                      f"{shown}", flush=True)
             print(f"flash-attn {fa}: follow-up time to first token {second['ttft_s']:.2f} s = "
                   f"{second['ttft_s'] / first['ttft_s']:.3f} of the first turn's {first['ttft_s']:.2f} s", flush=True)
     # prefilled / prefill s: the server's timings (prompt_n, prompt_ms: the rows it decoded for the prompt)
