@@ -145,6 +145,7 @@ void BatchEngine::write_context_stats(JsonWriter & w) const {
 // the LM head the verifies run and how it was chosen (lazy_head.h)
 void BatchEngine::write_head_stats(JsonWriter & w) const {
     w.field("lazy_head_rows", target_.lazy_head_rows());  // verify rows whose LM head ran (lazily)
+    w.field("lazy_head_rows_read", target_.lazy_head_rows_read());  // of those, rows a verify read
     w.field("lazy_head_group", target_.head_rows());      // rows per head product (0: not chosen yet)
     // whether verify decodes stop before the LM head (and why not, once tried and refused)
     w.field("lazy_head", verifies_cut_head() && (feed_drafters_ || opts_.context_nodes > 0));
