@@ -17,6 +17,9 @@ turns in runs of 10 decodes. Prints median ms per decode and the ratios
 callback/tap, callback/plain and (tap, set)/tap from one run.
 
     python benchmarks/capture_cost.py [--target smollm2] [--reps 60] [--threads 2] [--prefix 200]
+        [--sizes 1,8] [--requantize F32|Q8_0|Q4_0|Q4_K_M]
+
+The `bare` column at several sizes is llama.cpp's own verify curve for the target's file type.
 """
 
 from __future__ import annotations
@@ -42,10 +45,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prefix", type=int, default=200)
     ap.add_argument("--sizes", default="1,8")
+    ap.add_argument("--requantize", default=None, choices=list(testing.REQUANTIZE_TYPES),
+                    help="the target requantized to this type first (pydflash2_testing.requantized_target, cached)")
     args = ap.parse_args()
 
     silence_logs()
     target = testing.resolve_target(args.target)
+    if args.requantize:
+        target = testing.requantized_target(args.requantize, target)
     llm = llama_cpp.Llama(str(target), n_ctx=1024, n_batch=512, n_threads=args.threads,
                           n_threads_batch=args.threads, verbose=False)
     n_layer = int(llama_cpp.llama_model_n_layer(llm._model.model))

@@ -81,3 +81,21 @@ def test_cpu_hogs_spin_and_stop() -> None:
         procs = list(hogs._procs)
         assert len(procs) == 2 and all(p.poll() is None for p in procs)
     assert all(p.returncode is not None for p in procs) and not hogs._procs
+
+
+def test_requantized_targets_have_the_type_asked_and_run(tmp_path, target_gguf) -> None:
+    """pydflash2_testing.requantized_target (benchmarks/capture_cost.py --requantize): llama.cpp writes
+    the target's matrices in the type asked, the copy runs, and a type it does not make is refused."""
+    import gguf
+    import pytest
+
+    for file_type, want in (("Q4_0", gguf.GGMLQuantizationType.Q4_0), ("Q8_0", gguf.GGMLQuantizationType.Q8_0)):
+        out = testing.requantized_target(file_type, target_gguf, tmp_path / f"t.{file_type}.gguf")
+        assert testing.requantized_target(file_type, target_gguf, out) == out  # made once
+        blocks = {t.tensor_type for t in gguf.GGUFReader(out).tensors if t.name.startswith("blk.") and
+                  t.name.endswith("_q.weight")}
+        assert blocks == {want}, (file_type, blocks)
+        llm = llama_cpp.Llama(str(out), n_ctx=256, verbose=False)
+        assert llm("Once upon a time", max_tokens=4, temperature=0.0)["usage"]["completion_tokens"] >= 1
+    with pytest.raises(ValueError, match="Q4_1"):
+        testing.requantized_target("Q4_1", target_gguf, tmp_path / "no.gguf")

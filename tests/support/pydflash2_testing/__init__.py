@@ -484,35 +484,52 @@ def make_random_drafter_for(target_gguf: str | Path, out_gguf: str | Path, spec:
         return checkpoint_to_gguf(ckpt, target_gguf, out_gguf, matrix_dtype="f16")
 
 
-def f32_target(source: str | Path | None = None, out: str | Path | None = None) -> Path:
-    """A bandwidth-bound stand-in for a fast device (issue 57): the default target (or `source`)
-    requantized to F32 by llama.cpp (540 MB for SmolLM2-135M, about 2 s), made once under
-    $PYDFLASH2_CACHE_DIR (default ~/.cache/pydflash2)/f32 unless `out` names the file. Reading its
-    weights, not the arithmetic, bounds a decode on a CPU, so a verify of 8 rows costs about 1.8 plain
-    steps (the Q4_1 original: about 4), the flat verify curve of a GPU; the shipped drafter fits it."""
+# the file types requantized_target makes, by the name in its file (llama.cpp's LLAMA_FTYPE_*)
+REQUANTIZE_TYPES = {"F32": "ALL_F32", "Q8_0": "MOSTLY_Q8_0", "Q4_0": "MOSTLY_Q4_0", "Q4_K_M": "MOSTLY_Q4_K_M"}
+
+
+def requantized_target(file_type: str, source: str | Path | None = None, out: str | Path | None = None) -> Path:
+    """The default target (or `source`) requantized by llama.cpp to `file_type` (REQUANTIZE_TYPES),
+    made once under $PYDFLASH2_CACHE_DIR (default ~/.cache/pydflash2)/requantized unless `out` names
+    the file. The shipped drafter fits every copy. On a CPU the type decides which of ggml's kernels a
+    verify of several rows runs (Q4_1 has only the one-row dot product, so its rows cost nearly as
+    much as plain steps; Q4_0 and Q8_0 have llamafile's batched kernels, K-quants ggml's tiled ones
+    from 8 rows): benchmarks/capture_cost.py --requantize measures the curve. A requantized copy is
+    another model (its greedy text differs from the original's)."""
     import os
 
     import llama_cpp
 
+    if file_type not in REQUANTIZE_TYPES:
+        raise ValueError(f"file type {file_type!r}: one of {', '.join(REQUANTIZE_TYPES)}")
     src = Path(source) if source is not None else default_target()
     if out is None:
-        cache = Path(os.environ.get("PYDFLASH2_CACHE_DIR", Path.home() / ".cache" / "pydflash2")) / "f32"
-        out = cache / (src.stem.split(".")[0] + ".F32.gguf")
+        cache = Path(os.environ.get("PYDFLASH2_CACHE_DIR", Path.home() / ".cache" / "pydflash2"))
+        folder = "f32" if file_type == "F32" else "requantized"  # (F32 copies made before keep their place)
+        out = cache / folder / f"{src.stem.split('.')[0]}.{file_type}.gguf"
     out = Path(out)
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_ALL_F32
+    params.ftype = getattr(llama_cpp, "LLAMA_FTYPE_" + REQUANTIZE_TYPES[file_type])
     params.allow_requantize = True
     params.nthread = os.cpu_count() or 1
     tmp = out.with_suffix(".tmp")
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
     if rc != 0:
         tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"llama_model_quantize({src} -> F32) failed with {rc}")
+        raise RuntimeError(f"llama_model_quantize({src} -> {file_type}) failed with {rc}")
     tmp.replace(out)
     return out
+
+
+def f32_target(source: str | Path | None = None, out: str | Path | None = None) -> Path:
+    """A bandwidth-bound stand-in for a fast device (issue 57): the default target (or `source`)
+    requantized to F32 (540 MB for SmolLM2-135M, about 2 s). Reading its weights, not the arithmetic,
+    bounds a decode on a CPU, so a verify of 8 rows costs about 1.8 plain steps (the Q4_1 original:
+    about 4), the flat verify curve of a GPU; the shipped drafter fits it."""
+    return requantized_target("F32", source, out)
 
 
 def write_demo_files(out_dir: str | Path, target: str | Path | None = None) -> dict[str, Path]:
