@@ -492,10 +492,11 @@ def requantized_target(file_type: str, source: str | Path | None = None, out: st
     """The default target (or `source`) requantized by llama.cpp to `file_type` (REQUANTIZE_TYPES),
     made once under $PYDFLASH2_CACHE_DIR (default ~/.cache/pydflash2)/requantized unless `out` names
     the file. The shipped drafter fits every copy. On a CPU the type decides which of ggml's kernels a
-    verify of several rows runs (Q4_1 has only the one-row dot product, so its rows cost nearly as
-    much as plain steps; Q4_0 and Q8_0 have llamafile's batched kernels, K-quants ggml's tiled ones
-    from 8 rows): benchmarks/capture_cost.py --requantize measures the curve. A requantized copy is
-    another model (its greedy text differs from the original's)."""
+    verify of several rows runs (Q4_1 has only the one-row dot product, so on a 2-core CPU a second
+    row costs 0.84 of a plain step and each further one about 0.37; Q4_0 and Q8_0 have llamafile's
+    batched kernels, K-quants ggml's tiled ones from 8 rows): benchmarks/capture_cost.py --requantize
+    measures the curve. A requantized copy is another model (its greedy text differs from the
+    original's)."""
     import os
 
     import llama_cpp
