@@ -1,6 +1,6 @@
 """The speculation tax (issue 57): what a step that feeds or verifies drafts costs beyond its rows.
 
-On each capture path ("tap": llama.cpp's layer-input taps, "callback": pydflash2's graph evaluation
+On each capture path the target has ("tap": llama.cpp's layer-input taps, "callback": pydflash2's graph evaluation
 callback; both on one target context made by load_target, flash attention on as for trees), with the
 default pair unless --model/--draft say otherwise, or --f32 (SmolLM2 requantized to F32 here, a
 bandwidth-bound stand-in for a fast device: pydflash2_testing.f32_target), it prints:
@@ -31,7 +31,7 @@ sys.path.insert(0, str(BENCH))
 import _repo  # noqa: E402,F401  (tests/support on sys.path: the fixture makers)
 from hybrid_drafts import load_sets, run_interleaved  # noqa: E402
 
-PATHS = ("tap", "callback")
+PATHS = ("tap", "callback")  # those the target has (llama.cpp's taps exist for some architectures only)
 
 
 def mean_by_rows(stats: dict[str, Any], fed: bool) -> dict[int, tuple[int, float]]:
@@ -65,20 +65,32 @@ def main() -> int:
     print(f"model {Path(model).name}, drafter {Path(draft).name}, --threads {args.threads}, "
           f"{args.max_tokens} tokens, n_ctx {args.n_ctx}, load average {os.getloadavg()[0]:.1f}")
 
+    import llama_cpp
+
+    from pydflash2.capture import capture_rule
+
+    rule = capture_rule(llm.metadata["general.architecture"], llama_cpp.llama_model_n_layer(llm._model.model))
+    paths = [p for p in PATHS if p in rule.max_layer_by_path]
+    print(f"capture paths of this {rule.arch} target: {', '.join(paths)} (the default: {rule.path})")
     specs: dict[str, Any] = {"plain": Speculator(llm, None, n_max=0)}
-    for path in PATHS:
+    for path in paths:
         specs[f"auto, {path}"] = Speculator(llm, draft, n_max="auto", context_drafts="request", capture=path)
         specs[f"chain 7, {path}"] = Speculator(llm, draft, n_max=7, capture=path)
     sets = load_sets(args.n_prompts)
-    prompts = [specs["plain"].tokenize_prompt(m) for s in ("agentic", "chat") for m in sets[s]]
+    plain = specs["plain"]
+    if plain.llm.metadata.get("tokenizer.chat_template"):
+        prompts = [plain.tokenize_prompt(m) for s in ("agentic", "chat") for m in sets[s]]
+    else:  # a base model (Gemma3-270M's GGUF): the messages' text, raw
+        prompts = [plain.tokenize_prompt("\n\n".join(x["content"] for x in m), chat=False)
+                   for s in ("agentic", "chat") for m in sets[s]]
 
     # (a) the table, twice per path
-    tables: dict[str, list[tuple[float, list[float]]]] = {p: [] for p in PATHS}
+    tables: dict[str, list[tuple[float, list[float]]]] = {p: [] for p in paths}
     print("\n(a) the cost model's table (measure_costs, ms)")
     print("| path | run | plain step | verify 1 | 1 row / plain | verify 8 | 8 rows / plain |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for run in (1, 2):
-        for path in PATHS:
+        for path in paths:
             costs = specs[f"chain 7, {path}"].measure_costs(prompts[0][:256], reps=args.cost_reps)
             plain, verify = float(costs["plain_s"]), list(costs["verify_s"])
             tables[path].append((plain, verify))
