@@ -67,9 +67,9 @@ def main() -> int:
 
     import llama_cpp
 
-    from pydflash2.capture import capture_rule
+    from pydflash2.capture import capture_rule, model_arch
 
-    rule = capture_rule(llm.metadata["general.architecture"], llama_cpp.llama_model_n_layer(llm._model.model))
+    rule = capture_rule(model_arch(llm._model.model), llama_cpp.llama_model_n_layer(llm._model.model))
     paths = [p for p in PATHS if p in rule.max_layer_by_path]
     print(f"capture paths of this {rule.arch} target: {', '.join(paths)} (the default: {rule.path})")
     specs: dict[str, Any] = {"plain": Speculator(llm, None, n_max=0)}
